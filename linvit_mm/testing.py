@@ -1,0 +1,22 @@
+"""Numerical comparison helpers shared by the tests and the analysis tools."""
+import torch
+
+
+def rel_error(actual, expected):
+    """``||actual - expected|| / ||expected||`` in float64 (0 when both are zero)."""
+    actual = actual.detach().double()
+    expected = expected.detach().double()
+    denom = expected.norm()
+    diff = (actual - expected).norm()
+    if denom == 0:
+        return diff.item()
+    return (diff / denom).item()
+
+
+def assert_rel_close(actual, expected, tol, name='tensor'):
+    if actual.shape != expected.shape:
+        raise AssertionError(f'{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}')
+    err = rel_error(actual, expected)
+    if not err <= tol:  # also catches NaN
+        raise AssertionError(f'{name}: relative error {err:.3e} > {tol:.1e}')
+    return err
