@@ -1,5 +1,9 @@
 """Attention operators behind one interface; ``build_attention(name, ...)`` picks one."""
 from .base import ATTENTIONS, BaseAttention, attention_class, build_attention, register_attention
+from .inline import InLineAttention
+from .kernel import ELUAttention, KernelAttention, ReLUAttention
+from .softmax import SoftmaxAttention
 
 __all__ = ['ATTENTIONS', 'BaseAttention', 'attention_class', 'build_attention',
            'register_attention']
+__all__ += ['ELUAttention', 'InLineAttention', 'KernelAttention', 'ReLUAttention', 'SoftmaxAttention']

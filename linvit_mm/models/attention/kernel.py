@@ -1,0 +1,140 @@
+"""Kernelised linear attention (Katharopoulos et al., ICML 2020, "Transformers are RNNs").
+
+``out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j) + eps)``: the
+``d x d`` key-value state and the ``d`` normaliser are summed once over the tokens, so
+the cost is O(N d^2) and no N x N map is formed. ``elu`` and ``relu`` differ only in
+the feature map ``phi``.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import BaseAttention, float32_state, register_attention
+
+
+def elu_feature_map(x):
+    """``elu(x) + 1``: strictly positive, so every normaliser is positive."""
+    return F.elu(x) + 1.
+
+
+def relu_feature_map(x):
+    return F.relu(x)
+
+
+FEATURE_MAPS = {'elu': elu_feature_map, 'relu': relu_feature_map}
+
+
+class KernelAttention(BaseAttention):
+    """Linear attention ``phi(Q) (phi(K)^T V)`` with a row normaliser.
+
+    Weight shapes equal Softmax attention, so Softmax checkpoints load by name.
+    Queries and keys are not scaled by ``d^-1/2``: the normaliser cancels any
+    positive scale of ``phi(q)``, and relu is positively homogeneous so a key scale
+    cancels too; Softmax's temperature has no counterpart here.
+
+    Under autocast, the features, the key-value state, the normaliser and the
+    division run in float32 with autocast disabled (a sum over N tokens overflows
+    fp16 and loses mass in bf16); the result returns to the dtype of the
+    projections' output before ``proj``.
+
+    Args:
+        feature_map (str): ``'elu'`` (``elu(x) + 1``) or ``'relu'``.
+        eps (float): added to the normaliser. relu can zero a whole query (all its
+            components negative) or every key in a head, making ``0 / 0``; with
+            ``eps`` such a row reads zero instead of NaN. 1e-6 is far below the
+            typical normaliser (a sum of N positive products, O(N)) and is
+            representable in float32, where the division happens.
+    """
+
+    has_map = True
+
+    def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
+                 feature_map='relu', eps=1e-6):
+        super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                         proj_drop=proj_drop)
+        if attn_drop:
+            raise ValueError(f'attn_drop={attn_drop}: linear attention never forms the N x N '
+                             f'map that attention dropout acts on; use attn_drop=0 (proj_drop '
+                             f'is supported)')
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(f'unknown feature_map {feature_map!r}; valid feature maps are: '
+                             f'{", ".join(sorted(FEATURE_MAPS))}')
+        if not eps > 0:
+            raise ValueError(f'eps must be positive (it keeps all-zero relu rows finite), '
+                             f'got {eps}')
+        self.feature_map = feature_map
+        self.eps = eps
+        self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+
+    def _features(self, q, k):
+        phi = FEATURE_MAPS[self.feature_map]
+        return phi(q), phi(k)
+
+    def _linear(self, q, k, v):
+        out_dtype = v.dtype
+        with torch.autocast(device_type=v.device.type, enabled=False):
+            q, k, v = float32_state(q, k, v)
+            q, k = self._features(q, k)
+            kv_state = k.transpose(-2, -1) @ v                  # (B, h, d, d)
+            normaliser = q @ k.sum(dim=-2).unsqueeze(-1)        # (B, h, N, 1)
+            out = (q @ kv_state) / (normaliser + self.eps)
+        return out.to(out_dtype)
+
+    def _kernel_map(self, q, k):
+        """Row-normalised ``phi(q) phi(k)^T``, computed like the fast path (float32 state)."""
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            q, k = float32_state(q, k)
+            q, k = self._features(q, k)
+            scores = q @ k.transpose(-2, -1)
+            return scores / (scores.sum(dim=-1, keepdim=True) + self.eps)
+
+    def _with_map(self, q, k, v):
+        attn = self._kernel_map(q, k)
+        with torch.autocast(device_type=v.device.type, enabled=False):
+            out = attn @ float32_state(v)[0]
+        return out.to(v.dtype), attn
+
+    def forward(self, x, hw_shape, return_map=False):
+        self.num_extra_tokens(x, hw_shape)
+        q, k, v = self.split_heads(self.qkv(x))
+        if return_map:
+            out, attn = self._with_map(q, k, v)
+        else:
+            out = self._linear(q, k, v)
+        out = self.proj_drop(self.proj(self.merge_heads(out)))
+        return (out, attn) if return_map else out
+
+    def forward_reference(self, x, hw_shape):
+        self.num_extra_tokens(x, hw_shape)
+        q, k, v = self.split_heads(self.qkv(x))
+        out, _ = self._with_map(q, k, v)
+        return self.proj_drop(self.proj(self.merge_heads(out)))
+
+    def attention_map(self, x, hw_shape):
+        self.num_extra_tokens(x, hw_shape)
+        q, k, _ = self.split_heads(self.qkv(x))
+        return self._kernel_map(q, k)
+
+    def extra_repr(self):
+        return f'{super().extra_repr()}, feature_map={self.feature_map!r}, eps={self.eps}'
+
+
+@register_attention('elu')
+class ELUAttention(KernelAttention):
+    """Linear attention with ``phi = elu(x) + 1`` (Katharopoulos et al. 2020)."""
+
+    def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
+                 eps=1e-6):
+        super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                         proj_drop=proj_drop, feature_map='elu', eps=eps)
+
+
+@register_attention('relu')
+class ReLUAttention(KernelAttention):
+    """Linear attention with ``phi = relu(x)``."""
+
+    def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
+                 eps=1e-6):
+        super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                         proj_drop=proj_drop, feature_map='relu', eps=eps)
