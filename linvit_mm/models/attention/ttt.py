@@ -1,0 +1,241 @@
+"""ViT^3 test-time-training attention (Han et al. 2026, "Unlocking Test-Time Training in Vision").
+
+Attention is recast as fitting a small inner model to an image's key/value pairs and
+reading it with the queries. Two inner models run side by side:
+
+* a simplified SwiGLU per head, ``F(t) = (t W1) * silu(t W2)`` with ``W1, W2`` in R^{d x d}
+  (SwiGLU whose output layer is the identity), on the standard q, k, v heads;
+* a 3x3 depthwise conv ``W3`` on one extra head of size ``d``, laid out on the patch grid
+  (zero padding).
+
+Each is fitted by ONE gradient step (step size 1) of the inner loss
+``L(W) = -scale / n * sum_i <F_W(k_i), v_i>`` (``n`` the tokens it is fitted on), starting
+from learned initial weights for every image. The loss is taken per image and per head (per
+channel for the conv), so heads and images never share an inner model. The gradient is
+normalised before the step, as in the paper: for W1 and W2 every output column (the weights
+feeding one output unit) is divided by ``its norm + 1``; for W3 every channel's 3x3 kernel is.
+``scale`` is 9^-1/2 (the conv head's equivalent head dim, 1 channel x 3 x 3, which the paper
+uses for both branches). The SwiGLU readouts of all heads and the conv readout are
+concatenated (``C + d`` channels) and projected back to ``C``.
+
+Cost is O(N * C * d): the inner gradients are sums over tokens of d x d outer products.
+
+Extra leading tokens (a class token): ViT^3 itself has none, but the interface allows them.
+They are ordinary members of the token set for the SwiGLU branch (fitted on and read out like
+patches, ``n = N``). The conv branch needs positions, which extra tokens do not have: its
+kernel is fitted on the patch grid only (``n = H * W``, so the fit is the same with or without
+a class token), and an extra token reads it as an image of its own of size 1 x 1, where zero
+padding leaves only the centre tap: ``out = W3'[:, centre] * q``. That keeps the extra
+token's conv channels a (learned, per-image) function of its own query instead of a constant
+zero, and it is exactly what the depthwise conv computes for a token without neighbours.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import BaseAttention, float32_state, register_attention
+
+# The conv inner model has one channel and a 3x3 kernel: "head dim" 9.
+DEFAULT_INNER_SCALE = 9**-0.5
+
+
+def _normalise_gradient(grad, dim):
+    """``g / (||g|| + 1)`` along ``dim``: a soft clip that keeps small steps linear."""
+    return grad / (grad.norm(dim=dim, keepdim=True) + 1.)
+
+
+def _silu_derivative(z):
+    sig = torch.sigmoid(z)
+    return sig * (1. + z * (1. - sig))
+
+
+def _swiglu(tokens, w1, w2):
+    return (tokens @ w1) * F.silu(tokens @ w2)
+
+
+def _inner_precision(device_type):
+    """No autocast inside the inner step: its token sums lose too much in fp16 / bf16."""
+    return torch.autocast(device_type=device_type, enabled=False)
+
+
+@register_attention('ttt')
+class TTTAttention(BaseAttention):
+    """ViT^3 test-time-training attention: per-image SwiGLU + 3x3 depthwise conv inner models.
+
+    Parameter layout: ``qkv`` is ``Linear(C, 3C + 3d)`` whose first ``3C`` rows are the
+    standard q, k, v of all heads (q of head 0, 1, ... first), so a Softmax checkpoint's qkv
+    copies into ``qkv.weight[:3C]``; the last ``3d`` rows are q, k, v of the conv head.
+    ``proj`` is ``Linear(C + d, C)`` over ``[swiglu heads, conv head]``. ``w1``, ``w2``
+    (``1 x heads x d x d``) and ``w3`` (``d x 1 x 3 x 3``) are the inner models' learned
+    initial weights (names and shapes as in the public ViT^3 model). ``cpe`` is the block's
+    3x3 depthwise conditional position encoding, applied through ``encode_position``.
+
+    ``forward`` computes the inner gradients in closed form, batched over images and heads;
+    ``forward_reference`` takes them with ``torch.autograd.grad`` of the inner loss, image by
+    image (the test oracle). Both keep the inner step differentiable for outer training.
+
+    Args:
+        embed_dims (int): channels ``C``.
+        num_heads (int): SwiGLU heads; ``d = C // num_heads`` is also the conv head's width.
+        qkv_bias (bool): bias in ``qkv``.
+        attn_drop (float): must be 0, there is no attention map to drop from.
+        proj_drop (float): dropout after ``proj``.
+        inner_scale (float): ``scale`` of the inner loss.
+    """
+
+    has_map = False
+    uses_cls_token = False
+
+    def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
+                 inner_scale=DEFAULT_INNER_SCALE):
+        super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                         proj_drop=proj_drop)
+        if attn_drop != 0:
+            raise ValueError(f'the ttt operator has no attention map, so attn_drop must be 0, '
+                             f'got {attn_drop}')
+        d = self.head_dims
+        self.inner_scale = float(inner_scale)
+        self.qkv = nn.Linear(embed_dims, 3 * embed_dims + 3 * d, bias=qkv_bias)
+        self.w1 = nn.Parameter(torch.empty(1, num_heads, d, d))
+        self.w2 = nn.Parameter(torch.empty(1, num_heads, d, d))
+        self.w3 = nn.Parameter(torch.empty(d, 1, 3, 3))
+        self.proj = nn.Linear(embed_dims + d, embed_dims)
+        # ViT^3's conditional position encoding (it has no absolute position embedding); it
+        # keeps PyTorch's default conv init, as in the paper's model.
+        self.cpe = nn.Conv2d(embed_dims, embed_dims, kernel_size=3, padding=1, groups=embed_dims)
+        self.reset_inner_parameters()
+
+    def reset_inner_parameters(self):
+        # ViT^3 starts every inner model near zero (truncated normal, std 0.02).
+        for weight in (self.w1, self.w2, self.w3):
+            nn.init.trunc_normal_(weight, std=.02)
+
+    def encode_position(self, x, hw_shape):
+        """``x + dwconv3x3(x)`` on the patch grid, applied by the block before its first norm.
+
+        Extra tokens are 1 x 1 images of their own, as in the conv inner model: they get the
+        centre tap and the bias.
+        """
+        num_extra = self.num_extra_tokens(x, hw_shape)
+        B, N, C = x.shape
+        grid = x[:, num_extra:].transpose(1, 2).reshape(B, C, *hw_shape)
+        patch_code = self.cpe(grid).flatten(2).transpose(1, 2)
+        extra_code = x[:, :num_extra] * self.cpe.weight[:, 0, 1, 1] + self.cpe.bias
+        return x + torch.cat([extra_code, patch_code], dim=1)
+
+    def _split(self, qkv):
+        """``(B, N, 3C + 3d)`` -> SwiGLU ``q, k, v`` ``(B, heads, N, d)`` and conv ``(B, N, d)``."""
+        C = self.embed_dims
+        swiglu_qkv = self.split_heads(qkv[..., :3 * C])
+        conv_qkv = qkv[..., 3 * C:].chunk(3, dim=-1)
+        return float32_state(*swiglu_qkv), float32_state(*conv_qkv)
+
+    # ---- fast form: closed-form inner gradients, batched over images and heads -------------
+
+    def _swiglu_step(self, k, v):
+        """One normalised gradient step per image and head: ``(B, heads, d, d)`` x 2."""
+        w1, w2 = float32_state(self.w1, self.w2)
+        z1, z2 = k @ w1, k @ w2
+        # dL/dF(k_i) = -scale / n * v_i
+        dloss_dout = v * (-self.inner_scale / k.shape[-2])
+        k_t = k.transpose(-2, -1)
+        grad_w1 = k_t @ (dloss_dout * F.silu(z2))
+        grad_w2 = k_t @ (dloss_dout * z1 * _silu_derivative(z2))
+        return (w1 - _normalise_gradient(grad_w1, -2), w2 - _normalise_gradient(grad_w2, -2))
+
+    def _conv_step(self, k_grid, v_grid):
+        """One normalised gradient step of the depthwise kernel per image: ``(B, d, 3, 3)``."""
+        B, d, H, W = k_grid.shape
+        dloss_dout = v_grid.reshape(B, d, H * W) * (-self.inner_scale / (H * W))
+        # dL/dW3[c, tap] = sum_p k[c, p + tap] * dL/dout[c, p]: unfold lists the 9 shifted keys.
+        shifted_keys = F.unfold(k_grid, kernel_size=3, padding=1).view(B, d, 9, H * W)
+        grad_w3 = torch.einsum('bctp,bcp->bct', shifted_keys, dloss_dout).view(B, d, 3, 3)
+        (w3, ) = float32_state(self.w3)
+        return w3.view(1, d, 3, 3) - _normalise_gradient(grad_w3, (-2, -1))
+
+    @staticmethod
+    def _conv_read(q_grid, w3):
+        """Each image's own depthwise kernel on its queries: ``(B, d, H, W)`` -> ``(B, HW, d)``."""
+        B, d, H, W = q_grid.shape
+        out = F.conv2d(q_grid.reshape(1, B * d, H, W), w3.reshape(B * d, 1, 3, 3), padding=1,
+                       groups=B * d)
+        return out.view(B, d, H * W).transpose(1, 2)
+
+    def _inner(self, qkv, num_extra, hw_shape):
+        (q, k, v), (q_conv, k_conv, v_conv) = self._split(qkv)
+        w1, w2 = self._swiglu_step(k, v)
+        swiglu_out = self.merge_heads(_swiglu(q, w1, w2))
+
+        def to_grid(t):
+            return t[:, num_extra:].transpose(1, 2).reshape(t.shape[0], -1, *hw_shape)
+
+        w3 = self._conv_step(to_grid(k_conv), to_grid(v_conv))
+        extra_out = q_conv[:, :num_extra] * w3[:, None, :, 1, 1]
+        conv_out = torch.cat([extra_out, self._conv_read(to_grid(q_conv), w3)], dim=1)
+        return torch.cat([swiglu_out, conv_out], dim=-1)
+
+    def forward(self, x, hw_shape, return_map=False):
+        if return_map:
+            self.attention_map(x, hw_shape)
+        num_extra = self.num_extra_tokens(x, hw_shape)
+        qkv = self.qkv(x)
+        with _inner_precision(x.device.type):
+            inner_out = self._inner(qkv, num_extra, hw_shape)
+        return self.proj_drop(self.proj(inner_out.to(qkv.dtype)))
+
+    # ---- reference: autograd of the stated inner loss, one image at a time -----------------
+
+    def _inner_reference(self, qkv, num_extra, hw_shape):
+        """``qkv`` of ONE image ``(N, 3C + 3d)`` -> its ``(N, C + d)`` inner readouts."""
+        C, d, heads = self.embed_dims, self.head_dims, self.num_heads
+        H, W = hw_shape
+        N = qkv.shape[0]
+        q, k, v = float32_state(*(t.reshape(N, heads, d).transpose(0, 1)
+                                  for t in qkv[:, :3 * C].chunk(3, dim=-1)))
+        q_conv, k_conv, v_conv = float32_state(*qkv[:, 3 * C:].chunk(3, dim=-1))
+
+        # SwiGLU: the per-head losses are summed; each head's gradient only sees its own loss
+        # because heads share no weights. The step is taken at the learned init through a zero
+        # offset, so the gradient exists even when the init itself is frozen.
+        w1_init, w2_init = float32_state(self.w1[0], self.w2[0])
+        offset1 = torch.zeros_like(w1_init, requires_grad=True)
+        offset2 = torch.zeros_like(w2_init, requires_grad=True)
+        fitted = _swiglu(k, w1_init + offset1, w2_init + offset2)
+        loss = -self.inner_scale / N * (fitted * v).sum()
+        grad_w1, grad_w2 = torch.autograd.grad(loss, (offset1, offset2), create_graph=True)
+        w1 = w1_init - _normalise_gradient(grad_w1, -2)
+        w2 = w2_init - _normalise_gradient(grad_w2, -2)
+        swiglu_out = _swiglu(q, w1, w2).transpose(0, 1).reshape(N, C)
+
+        def depthwise(image, kernel):
+            return F.conv2d(image, kernel, padding=1, groups=d)
+
+        def to_image(t):
+            return t[num_extra:].transpose(0, 1).reshape(1, d, H, W)
+
+        (w3_init, ) = float32_state(self.w3)
+        offset3 = torch.zeros_like(w3_init, requires_grad=True)
+        fitted = depthwise(to_image(k_conv), w3_init + offset3)
+        loss = -self.inner_scale / (H * W) * (fitted * to_image(v_conv)).sum()
+        (grad_w3, ) = torch.autograd.grad(loss, (offset3, ), create_graph=True)
+        w3 = w3_init - _normalise_gradient(grad_w3, (-2, -1))
+        patch_out = depthwise(to_image(q_conv), w3).reshape(d, H * W).transpose(0, 1)
+        # every extra token is a 1 x 1 image of its own
+        extra_out = depthwise(q_conv[:num_extra].reshape(num_extra, d, 1, 1), w3)
+        conv_out = torch.cat([extra_out.reshape(num_extra, d), patch_out], dim=0)
+        return torch.cat([swiglu_out, conv_out], dim=-1)
+
+    def forward_reference(self, x, hw_shape):
+        num_extra = self.num_extra_tokens(x, hw_shape)
+        grad_enabled = torch.is_grad_enabled()
+        # autograd.grad needs a graph even when the caller runs under no_grad
+        with torch.enable_grad():
+            qkv = self.qkv(x)
+            with _inner_precision(x.device.type):
+                inner_out = torch.stack(
+                    [self._inner_reference(image, num_extra, hw_shape) for image in qkv])
+            out = self.proj_drop(self.proj(inner_out.to(qkv.dtype)))
+        return out if grad_enabled else out.detach()
+
+    def extra_repr(self):
+        return f'{super().extra_repr()}, inner_scale={self.inner_scale:.4g}'
