@@ -2,10 +2,12 @@
 from .base import ATTENTIONS, BaseAttention, attention_class, build_attention, register_attention
 from .inline import InLineAttention
 from .kernel import ELUAttention, KernelAttention, ReLUAttention
+from .mhla import MultiHeadLinearAttention
 from .softmax import SoftmaxAttention
 from .ttt import TTTAttention
 
 __all__ = ['ATTENTIONS', 'BaseAttention', 'attention_class', 'build_attention',
            'register_attention']
 __all__ += ['ELUAttention', 'InLineAttention', 'KernelAttention', 'ReLUAttention', 'SoftmaxAttention']
+__all__ += ['MultiHeadLinearAttention']
 __all__ += ['TTTAttention']

@@ -1,0 +1,287 @@
+"""Multi-Head Linear Attention (MHLA; Zhang et al., ICLR 2026, "MHLA: Restoring
+Expressivity of Linear Attention via Token-Level Multi-Head").
+
+The patch grid is cut into ``M`` non-overlapping spatial blocks, the "token-level
+heads". Each block ``b`` sums its own key-value state and normaliser,
+``S_b = sum phi(k) v^T`` and ``z_b = sum phi(k)``; a learned ``M x M`` matrix ``W``
+mixes them, and a query ``t`` in block ``i`` reads
+
+    out_t = phi(q_t)^T (sum_j W_ij S_j) / (phi(q_t)^T sum_j W_ij z_j + eps),
+
+so different regions see differently weighted summaries of the image while the cost
+stays O(N C d + M^2 C d). A 5 x 5 depthwise convolution of the values, in image
+layout, is added before the output projection.
+"""
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import BaseAttention, float32_state, register_attention
+
+MIXING_INITS = ('linear', 'cos')
+
+
+class BlockLayout(NamedTuple):
+    """How an ``H x W`` grid is cut into ``rows x cols`` blocks of ``block_h x block_w``.
+
+    The block count is fixed by the module and the block size follows the grid
+    (``ceil(H / rows) x ceil(W / cols)``), so the mixing matrix keeps its meaning at any
+    resolution. The grid is zero-padded at the bottom and right up to
+    ``padded_h x padded_w``.
+    """
+
+    rows: int
+    cols: int
+    block_h: int
+    block_w: int
+
+    @property
+    def num_blocks(self):
+        return self.rows * self.cols
+
+    @property
+    def padded_h(self):
+        return self.rows * self.block_h
+
+    @property
+    def padded_w(self):
+        return self.cols * self.block_w
+
+
+def distance_mixing_matrix(num_blocks, mode='linear'):
+    """Initial ``M x M`` block-mixing weights: nearer blocks weigh more, columns sum to 1.
+
+    Block centres sit on the block lattice (one unit per block, whatever the block
+    size in tokens); ``d`` is the Euclidean distance between centres and ``d_max`` its
+    largest value. ``'linear'``: ``1 - d / d_max`` (the farthest pair starts at 0);
+    ``'cos'``: ``cos(pi/4 * d / d_max)``. Column ``j`` holds how block ``j``'s summary
+    is shared among the blocks that read it, normalised to total 1 (MHLA paper and
+    its public code). A single block gets weight 1.
+    """
+    if mode not in MIXING_INITS:
+        raise ValueError(f'unknown mixing_init {mode!r}; valid choices are: '
+                         f'{", ".join(MIXING_INITS)}')
+    rows, cols = num_blocks
+    grid = torch.stack(torch.meshgrid(torch.arange(rows, dtype=torch.float64),
+                                      torch.arange(cols, dtype=torch.float64),
+                                      indexing='ij'), dim=-1).reshape(-1, 2)
+    distance = torch.cdist(grid, grid)
+    max_distance = distance.max()
+    if max_distance == 0:
+        weights = torch.ones_like(distance)
+    elif mode == 'linear':
+        weights = 1. - distance / max_distance
+    else:
+        weights = torch.cos(distance / max_distance * (math.pi / 4))
+    return (weights / weights.sum(dim=0, keepdim=True)).float()
+
+
+def _pair(num_blocks):
+    if isinstance(num_blocks, int):
+        num_blocks = (num_blocks, num_blocks)
+    if (not isinstance(num_blocks, (tuple, list)) or len(num_blocks) != 2
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                       for n in num_blocks)):
+        raise ValueError(f'num_blocks must be a positive int or a pair (rows, cols) of positive '
+                         f'ints, got {num_blocks!r}')
+    return tuple(num_blocks)
+
+
+@register_attention('mhla')
+class MultiHeadLinearAttention(BaseAttention):
+    """Multi-Head Linear Attention over a fixed layout of spatial token blocks.
+
+    Grids of any size work. When a side does not divide by its block count the
+    grid is zero-padded at the bottom/right: padded keys and values are zero after
+    the feature map, so they add nothing to any summary or normaliser, and padded
+    queries are cropped. Grids smaller than the layout (e.g. 1 x 1 or 3 x 1 under
+    2 x 2 blocks) leave some blocks empty; an empty block's summary is zero, so it
+    contributes nothing whatever its mixing weight.
+
+    Extra tokens (a class token leading the sequence; MHLA models have none, the
+    interface allows it) are global: their key-value pairs are added, with weight 1
+    and unmixed, to the summary every block reads, and their queries read the
+    unmixed sum over all tokens, i.e. plain linear attention. The value convolution
+    touches patch tokens only.
+
+    Under autocast the features, block summaries, mixing, normalisers and division
+    run in float32 with autocast disabled; the result returns to the projections'
+    dtype before the value convolution is added. Queries and keys are not scaled:
+    the normaliser cancels any positive query scale.
+
+    Args:
+        num_blocks (int | tuple[int, int]): block layout ``(rows, cols)``, fixed for
+            every resolution. The paper's ImageNet setting is four 7 x 7 blocks on the
+            14 x 14 grid of a 224 px image, i.e. ``(2, 2)``.
+        mixing_init (str): distance transform for the initial mixing matrix, see
+            :func:`distance_mixing_matrix`. ``'linear'`` is what the public ImageNet
+            training recipe uses.
+        value_kernel_size (int): side of the depthwise value convolution (5 in the
+            paper); odd, so ``same`` padding keeps the grid.
+        eps (float): added to the mixed normaliser, so a query whose features are
+            all zero reads zero instead of ``0 / 0``.
+        feature_floor (float): ``phi(x) = relu(x) + feature_floor`` for queries and
+            keys; the public code uses 1e-6, which keeps every real key's weight
+            positive. 0 gives plain relu.
+        qk_norm (bool): RMSNorm over the channels of queries and keys before the
+            feature map, as in the public code's ViTs. Off by default so weights
+            copied from a Softmax checkpoint keep their meaning.
+    """
+
+    uses_cls_token = False
+
+    def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
+                 num_blocks=(2, 2), mixing_init='linear', value_kernel_size=5, eps=1e-6,
+                 feature_floor=1e-6, qk_norm=False):
+        super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                         proj_drop=proj_drop)
+        if attn_drop:
+            raise ValueError(f'attn_drop={attn_drop}: MHLA never forms the N x N map that '
+                             f'attention dropout acts on; use attn_drop=0 (proj_drop is '
+                             f'supported)')
+        if not (isinstance(value_kernel_size, int) and value_kernel_size > 0
+                and value_kernel_size % 2 == 1):
+            raise ValueError(f'value_kernel_size must be a positive odd int (same padding), '
+                             f'got {value_kernel_size!r}')
+        if not eps > 0:
+            raise ValueError(f'eps must be positive (it keeps all-zero relu rows finite), '
+                             f'got {eps}')
+        if not feature_floor >= 0:
+            raise ValueError(f'feature_floor must be >= 0, got {feature_floor}')
+        self.num_blocks = _pair(num_blocks)
+        self.mixing_init = mixing_init
+        self.eps = eps
+        self.feature_floor = feature_floor
+
+        self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
+        self.q_norm = nn.RMSNorm(embed_dims) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(embed_dims) if qk_norm else nn.Identity()
+        # block_mixing[i, j]: how much of block j's summary block i reads.
+        self.block_mixing = nn.Parameter(distance_mixing_matrix(self.num_blocks, mixing_init))
+        self.value_conv = nn.Conv2d(embed_dims, embed_dims, value_kernel_size,
+                                    padding=value_kernel_size // 2, groups=embed_dims)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+
+    def block_layout(self, hw_shape):
+        H, W = hw_shape
+        if H < 1 or W < 1:
+            raise ValueError(f'the patch grid must be at least 1x1, got {H}x{W}')
+        rows, cols = self.num_blocks
+        return BlockLayout(rows, cols, -(-H // rows), -(-W // cols))
+
+    def _split(self, x, hw_shape):
+        """Heads of features and values, the raw values for the convolution, extra count."""
+        num_extra = self.num_extra_tokens(x, hw_shape)
+        self.block_layout(hw_shape)  # rejects an empty grid before any work
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q, k = self.q_norm(q), self.k_norm(k)
+        heads = [self.split_heads(t, num_parts=1)[0] for t in (q, k, v)]
+        return heads, v, num_extra
+
+    def _features(self, q, k):
+        return F.relu(q) + self.feature_floor, F.relu(k) + self.feature_floor
+
+    def _value_conv(self, v, hw_shape, num_extra):
+        """Depthwise convolution of the patch values in image layout; zero for extra tokens."""
+        H, W = hw_shape
+        B, _, C = v.shape
+        patches = v[:, num_extra:].transpose(1, 2).reshape(B, C, H, W)
+        local = self.value_conv(patches).flatten(2).transpose(1, 2)
+        return F.pad(local, (0, 0, num_extra, 0))
+
+    @staticmethod
+    def _to_blocks(t, hw_shape, layout):
+        """``(B, h, H*W, d)`` -> ``(B, h, M, block_h*block_w, d)``, zero-padded."""
+        B, h, _, d = t.shape
+        H, W = hw_shape
+        t = t.reshape(B, h, H, W, d)
+        t = F.pad(t, (0, 0, 0, layout.padded_w - W, 0, layout.padded_h - H))
+        t = t.reshape(B, h, layout.rows, layout.block_h, layout.cols, layout.block_w, d)
+        t = t.permute(0, 1, 2, 4, 3, 5, 6)
+        return t.reshape(B, h, layout.num_blocks, layout.block_h * layout.block_w, d)
+
+    @staticmethod
+    def _from_blocks(t, hw_shape, layout):
+        """Inverse of :meth:`_to_blocks`, cropping the padded queries."""
+        B, h, _, _, d = t.shape
+        H, W = hw_shape
+        t = t.reshape(B, h, layout.rows, layout.cols, layout.block_h, layout.block_w, d)
+        t = t.permute(0, 1, 2, 4, 3, 5, 6)
+        t = t.reshape(B, h, layout.padded_h, layout.padded_w, d)[:, :, :H, :W]
+        return t.reshape(B, h, H * W, d)
+
+    def _mixed_linear(self, q, k, v, hw_shape, num_extra):
+        layout = self.block_layout(hw_shape)
+        out_dtype = v.dtype
+        with torch.autocast(device_type=v.device.type, enabled=False):
+            q, k, v, mixing = float32_state(q, k, v, self.block_mixing)
+            q, k = self._features(q, k)
+            # Padding after the feature map makes padded keys exactly zero, whatever
+            # the qkv bias or feature floor.
+            q_blocks, k_blocks, v_blocks = (
+                self._to_blocks(t[:, :, num_extra:], hw_shape, layout) for t in (q, k, v))
+            kv_blocks = k_blocks.transpose(-2, -1) @ v_blocks               # (B, h, M, d, d)
+            k_sum_blocks = k_blocks.sum(dim=-2)                             # (B, h, M, d)
+            q_extra, k_extra, v_extra = (t[:, :, :num_extra] for t in (q, k, v))
+            kv_extra = k_extra.transpose(-2, -1) @ v_extra                  # (B, h, d, d)
+            k_sum_extra = k_extra.sum(dim=-2)                               # (B, h, d)
+
+            # Query and normaliser see the same mixed state: query t of block i
+            # reads sum_j W_ij S_j and sum_j W_ij z_j with its own features.
+            kv_mixed = torch.einsum('ij,bhjde->bhide', mixing, kv_blocks) + kv_extra[:, :, None]
+            k_sum_mixed = (torch.einsum('ij,bhjd->bhid', mixing, k_sum_blocks)
+                           + k_sum_extra[:, :, None])
+            normaliser = q_blocks @ k_sum_mixed.unsqueeze(-1)
+            out_patches = (q_blocks @ kv_mixed) / (normaliser + self.eps)
+            out_patches = self._from_blocks(out_patches, hw_shape, layout)
+
+            kv_total = kv_blocks.sum(dim=2) + kv_extra
+            k_sum_total = k_sum_blocks.sum(dim=2) + k_sum_extra
+            out_extra = (q_extra @ kv_total) / (q_extra @ k_sum_total.unsqueeze(-1) + self.eps)
+            out = torch.cat([out_extra, out_patches], dim=2)
+        return out.to(out_dtype)
+
+    def forward(self, x, hw_shape, return_map=False):
+        if return_map:
+            self.attention_map(x, hw_shape)
+        (q, k, v), values, num_extra = self._split(x, hw_shape)
+        out = self.merge_heads(self._mixed_linear(q, k, v, hw_shape, num_extra))
+        out = out + self._value_conv(values, hw_shape, num_extra)
+        return self.proj_drop(self.proj(out))
+
+    def mixing_weights(self, hw_shape, num_extra=0):
+        """``(N, N)`` factor on ``phi(q_t)^T phi(k_s)``: ``W[block(t), block(s)]`` between
+        patch tokens, 1 wherever an extra token is involved."""
+        H, W = hw_shape
+        layout = self.block_layout(hw_shape)
+        rows = torch.arange(H, device=self.block_mixing.device) // layout.block_h
+        cols = torch.arange(W, device=self.block_mixing.device) // layout.block_w
+        block_of_token = (rows[:, None] * layout.cols + cols[None, :]).flatten()
+        patch_weights = self.block_mixing[block_of_token[:, None], block_of_token[None, :]]
+        return F.pad(patch_weights, (num_extra, 0, num_extra, 0), value=1.)
+
+    def forward_reference(self, x, hw_shape):
+        """The same operator through its explicit ``(B, heads, N, N)`` weight matrix.
+
+        Block membership is read off token coordinates, with no padding or block
+        reshaping, so it checks the fast form's layout handling independently.
+        """
+        (q, k, v), values, num_extra = self._split(x, hw_shape)
+        out_dtype = v.dtype
+        with torch.autocast(device_type=v.device.type, enabled=False):
+            q, k, v = float32_state(q, k, v)
+            mixing = float32_state(self.mixing_weights(hw_shape, num_extra))[0]
+            q, k = self._features(q, k)
+            scores = mixing * (q @ k.transpose(-2, -1))
+            out = (scores @ v) / (scores.sum(dim=-1, keepdim=True) + self.eps)
+        out = self.merge_heads(out.to(out_dtype))
+        out = out + self._value_conv(values, hw_shape, num_extra)
+        return self.proj_drop(self.proj(out))
+
+    def extra_repr(self):
+        return (f'{super().extra_repr()}, num_blocks={self.num_blocks}, '
+                f'mixing_init={self.mixing_init!r}, eps={self.eps}, '
+                f'feature_floor={self.feature_floor}')
