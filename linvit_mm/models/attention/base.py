@@ -1,4 +1,6 @@
 """The one interface every attention operator implements, and the registry that picks by name."""
+from abc import ABCMeta, abstractmethod
+
 import torch
 from torch import nn
 
@@ -30,7 +32,7 @@ def build_attention(attn_type, **kwargs):
     return attention_class(attn_type)(**kwargs)
 
 
-class BaseAttention(nn.Module):
+class BaseAttention(nn.Module, metaclass=ABCMeta):
     """Tokens ``(B, N, C)`` plus the patch grid ``(H, W)`` to ``(B, N, C)``.
 
     ``N = num_extra + H * W``: extra tokens (a class token) lead the sequence and
@@ -81,11 +83,22 @@ class BaseAttention(nn.Module):
         B, h, N, d = x.shape
         return x.transpose(1, 2).reshape(B, N, h * d)
 
+    @abstractmethod
     def forward(self, x, hw_shape, return_map=False):
-        raise NotImplementedError
+        """The fast form: ``(B, N, C)`` -> ``(B, N, C)``, plus the map if asked and defined."""
 
+    @abstractmethod
     def forward_reference(self, x, hw_shape):
-        raise NotImplementedError
+        """The explicit O(N^2) form of the same computation, from the same parameters."""
+
+    def encode_position(self, x, hw_shape):
+        """Applied by the block to its input before ``ln1``; identity here.
+
+        Operators that carry a conditional position encoding (TTT's 3x3 depthwise
+        conv) override it, so their parameters live under ``attn`` beside the rest
+        of the operator and the backbone stays operator-agnostic.
+        """
+        return x
 
     def attention_map(self, x, hw_shape):
         """The ``(B, heads, N, N)`` map whose product with the values gives the output."""

@@ -1,0 +1,3 @@
+from .attention_distill_hook import AttentionDistillHook
+
+__all__ = ['AttentionDistillHook']

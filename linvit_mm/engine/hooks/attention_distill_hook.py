@@ -1,0 +1,266 @@
+"""Attention-output distillation from a frozen Softmax teacher (paper §3.2, DESIGN.md §4)."""
+import weakref
+
+import torch
+import torch.nn.functional as F
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS, DefaultScope
+
+from linvit_mm.models.attention import BaseAttention
+
+
+class _Recorder:
+    """Collects what the attention modules of one model produce during one forward."""
+
+    def __init__(self, attn_modules, layer_ids, with_maps):
+        self.layer_ids = layer_ids
+        self.with_maps = with_maps
+        self.outputs = {}
+        self.maps = {}
+        self.handles = []
+        for index in layer_ids:
+            module = attn_modules[index]
+            self.handles.append(module.register_forward_hook(self._make_hook(index, module)))
+
+    def _make_hook(self, index, module):
+        # A plain closure holding weak references: deep copies of the model (EMA)
+        # keep the function object as is and never drag the recorder along.
+        recorder_ref = weakref.ref(self)
+        module_ref = weakref.ref(module)
+
+        def record(mod, args, output):
+            recorder = recorder_ref()
+            if recorder is None or mod is not module_ref() or not recorder.active:
+                return
+            recorder.outputs[index] = output[0] if isinstance(output, tuple) else output
+            if recorder.with_maps:
+                recorder.maps[index] = mod.attention_map(*args[:2])
+
+        return record
+
+    active = False
+
+    def start(self):
+        self.outputs.clear()
+        self.maps.clear()
+        self.active = True
+
+    def stop(self):
+        self.active = False
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def _attention_modules(model):
+    return [m for m in model.modules() if isinstance(m, BaseAttention)]
+
+
+def _patch_aligned(student, teacher, patch_only):
+    """Align token axes: compare patch tokens only where the student has no class token
+    (or when asked); patch tokens sit at the end of both sequences."""
+    n_student, n_teacher = student.shape[-2], teacher.shape[-2]
+    if n_student == n_teacher and not patch_only:
+        return student, teacher
+    num_patches = min(n_student, n_teacher) - (1 if patch_only and n_student == n_teacher else 0)
+    return student[..., -num_patches:, :], teacher[..., -num_patches:, :]
+
+
+@HOOKS.register_module()
+class AttentionDistillHook(Hook):
+    """Adds ``loss_weight * sum_blocks MSE(student_attn_out, teacher_attn_out)`` to the loss.
+
+    The teacher is built from its own config (and checkpoint, through its
+    ``init_cfg``) in ``before_train``, on the student's device, frozen and in eval
+    mode. It is held by this hook, not by the model, so it is never trained, never
+    in the optimizer, a checkpoint, an EMA copy or the student's ``state_dict``, and
+    ``--resume`` rebuilds it from the config.
+
+    Every training forward, a pre-forward hook on the student module (``student``,
+    default the classifier's ``backbone``) hands the teacher the very tensor the
+    student receives, i.e. the batch after the data preprocessor (and after
+    Mixup/CutMix). Forward hooks on the attention modules of both record every
+    block's attention output, and a forward hook on the model adds
+    ``loss_distill`` to the loss dict the model returns, so it is part of backward,
+    summed by ``parse_losses`` and logged.
+
+    Args:
+        teacher (dict): model config of the teacher (a ``LinearViT`` with
+            ``attn_type='softmax'`` and an ``init_cfg`` that loads its weights).
+        loss_weight (float): lambda. Defaults to 50 (the paper).
+        target (str): ``'output'`` matches attention outputs (the paper's choice);
+            ``'map'`` matches attention maps (ablation; needs an operator with a map).
+        layers (Sequence[int], optional): block indices to match; all by default.
+        patch_tokens_only (bool, optional): compare patch tokens only. Forced on
+            when the student has no class token (mhla, ttt).
+        stop_epoch / stop_iter (int, optional): switch distillation off from this
+            epoch / iteration on (0-based, as ``runner.epoch`` / ``runner.iter``).
+        student (str): path of the student module inside the model.
+    """
+
+    priority = 'NORMAL'
+    TARGETS = ('output', 'map')
+
+    def __init__(self, teacher, loss_weight=50.0, target='output', layers=None,
+                 patch_tokens_only=None, stop_epoch=None, stop_iter=None, student='backbone'):
+        if target not in self.TARGETS:
+            raise ValueError(f'unknown distillation target {target!r}; choose from '
+                             f'{self.TARGETS}')
+        if not isinstance(teacher, dict) or 'type' not in teacher:
+            raise TypeError(f'teacher must be a model config dict with a type, got {teacher!r}')
+        self.teacher_cfg = teacher
+        self.loss_weight = float(loss_weight)
+        self.target = target
+        self.layers = None if layers is None else list(layers)
+        self.patch_tokens_only = patch_tokens_only
+        self.stop_epoch = stop_epoch
+        self.stop_iter = stop_iter
+        self.student_path = student
+        self.teacher = None
+        self._handles = []
+        self._student_rec = self._teacher_rec = None
+        self._enabled = False
+
+    # ------------------------------------------------------------------ setup
+    @staticmethod
+    def _unwrap(model):
+        return model.module if is_model_wrapper(model) else model
+
+    def build_teacher(self, device):
+        from mmpretrain.registry import MODELS
+        with DefaultScope.overwrite_default_scope('mmpretrain'):
+            teacher = MODELS.build(self.teacher_cfg)
+        teacher.init_weights()
+        teacher.to(device)
+        teacher.eval()
+        teacher.requires_grad_(False)
+        return teacher
+
+    def before_train(self, runner):
+        model = self._unwrap(runner.model)
+        try:
+            student = model.get_submodule(self.student_path)
+        except AttributeError as err:
+            raise ValueError(f'AttentionDistillHook: the model has no module '
+                             f'{self.student_path!r} (set student=...)') from err
+        student_attn = _attention_modules(student)
+        if not student_attn:
+            raise ValueError(f'AttentionDistillHook: {self.student_path!r} holds no attention '
+                             f'operator (linvit_mm BaseAttention) to distil into')
+        if self.target == 'map':
+            mapless = sorted({m.attn_type for m in student_attn if not m.has_map})
+            if mapless:
+                raise ValueError(f"target='map' needs attention maps, which the {mapless} "
+                                 f"operator(s) do not have; use target='output'")
+        device = next(student.parameters()).device
+        self.teacher = self.build_teacher(device)
+        teacher_attn = _attention_modules(self.teacher)
+        if len(teacher_attn) != len(student_attn):
+            raise ValueError(f'teacher has {len(teacher_attn)} attention blocks, the student '
+                             f'{len(student_attn)}; they must match block for block')
+        layer_ids = self.layers if self.layers is not None else list(range(len(student_attn)))
+        bad = [i for i in layer_ids if not -len(student_attn) <= i < len(student_attn)]
+        if bad:
+            raise ValueError(f'layers {bad} are outside the {len(student_attn)} blocks')
+        layer_ids = sorted({i % len(student_attn) for i in layer_ids})
+        if self.patch_tokens_only is None:
+            self.patch_tokens_only = False
+        if not getattr(student, 'with_cls_token', True):
+            self.patch_tokens_only = True
+
+        with_maps = self.target == 'map'
+        self._student_rec = _Recorder(student_attn, layer_ids, with_maps)
+        self._teacher_rec = _Recorder(teacher_attn, layer_ids, with_maps)
+        self._handles = [
+            student.register_forward_pre_hook(self._run_teacher),
+            model.register_forward_hook(self._add_loss, with_kwargs=True),
+        ]
+        runner.logger.info(
+            f'AttentionDistillHook: {self.target} distillation of blocks {layer_ids} from a '
+            f'frozen {type(self.teacher).__name__} teacher, loss_weight={self.loss_weight}, '
+            f'patch_tokens_only={self.patch_tokens_only}')
+
+    # ------------------------------------------------------------------ per iteration
+    def _distilling(self, runner):
+        if self.stop_epoch is not None and runner.epoch >= self.stop_epoch:
+            return False
+        if self.stop_iter is not None and runner.iter >= self.stop_iter:
+            return False
+        return True
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self._enabled = self.teacher is not None and self._distilling(runner)
+        if self.teacher is not None:
+            self.teacher.eval()
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        self._enabled = False
+        for recorder in (self._student_rec, self._teacher_rec):
+            if recorder is not None:
+                recorder.stop()
+                recorder.outputs.clear()
+                recorder.maps.clear()
+
+    def _run_teacher(self, student, args):
+        if not (self._enabled and student.training):
+            return
+        inputs = args[0]
+        self.last_teacher_input = inputs.detach()
+        self._student_rec.start()
+        self._teacher_rec.start()
+        with torch.no_grad():
+            self.teacher(inputs)
+        self._teacher_rec.stop()
+
+    def _add_loss(self, model, args, kwargs, output):
+        if not (self._enabled and model.training and kwargs.get('mode') == 'loss'
+                and self._student_rec.active):
+            return None
+        self._student_rec.stop()
+        if not isinstance(output, dict):
+            raise TypeError(f'AttentionDistillHook expects the model to return a loss dict in '
+                            f'mode="loss", got {type(output)}')
+        source = 'maps' if self.target == 'map' else 'outputs'
+        student_rec, teacher_rec = getattr(self._student_rec, source), getattr(
+            self._teacher_rec, source)
+        missing = [i for i in self._student_rec.layer_ids
+                   if i not in student_rec or i not in teacher_rec]
+        if missing:
+            raise RuntimeError(f'AttentionDistillHook recorded no attention for blocks '
+                               f'{missing}; does the student run all its blocks?')
+        loss = 0.
+        for index in self._student_rec.layer_ids:
+            student_value, teacher_value = student_rec[index], teacher_rec[index]
+            if self.target == 'map':
+                student_value, teacher_value = _align_maps(student_value, teacher_value,
+                                                           self.patch_tokens_only)
+            else:
+                student_value, teacher_value = _patch_aligned(student_value, teacher_value,
+                                                              self.patch_tokens_only)
+            loss = loss + F.mse_loss(student_value.float(), teacher_value.float())
+        output = dict(output)
+        output['loss_distill'] = self.loss_weight * loss
+        return output
+
+    def after_train(self, runner):
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for recorder in (self._student_rec, self._teacher_rec):
+            if recorder is not None:
+                recorder.remove()
+        self.teacher = None
+
+
+def _align_maps(student_map, teacher_map, patch_only):
+    """Maps are ``(B, h, N, N)``: align both token axes the way outputs are aligned."""
+    n_student, n_teacher = student_map.shape[-1], teacher_map.shape[-1]
+    if n_student == n_teacher and not patch_only:
+        return student_map, teacher_map
+    num_patches = min(n_student, n_teacher) - (1 if patch_only and n_student == n_teacher else 0)
+    # Re-normalise nothing: each map keeps the weights its operator really uses.
+    return (student_map[..., -num_patches:, -num_patches:],
+            teacher_map[..., -num_patches:, -num_patches:])

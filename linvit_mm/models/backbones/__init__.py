@@ -1,0 +1,3 @@
+from .linear_vit import LinearViT, LinearViTLayer, sincos_pos_embed
+
+__all__ = ['LinearViT', 'LinearViTLayer', 'sincos_pos_embed']

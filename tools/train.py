@@ -1,0 +1,106 @@
+"""Train a model from an mmpretrain, mmdet or mmseg config (the config's default_scope decides).
+
+Same command line as the upstream OpenMMLab tools::
+
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--amp]
+        [--auto-scale-lr] [--no-validate] [--cfg-options k=v ...] [--launcher pytorch]
+"""
+import argparse
+import os.path as osp
+
+from mmengine.config import Config, DictAction
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+import linvit_mm.engine  # noqa: F401  (registers CPUAmpOptimWrapper for --amp on CPU)
+from linvit_mm.engine.launch import (configure_amp, configure_device, default_work_dir,
+                                     finalize_distributed, set_local_rank,
+                                     setup_checkpoint_trust)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Train a model')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument(
+        '--resume', nargs='?', type=str, const='auto',
+        help='resume from this checkpoint; without a path, from the latest checkpoint in '
+        'the work dir')
+    parser.add_argument('--amp', action='store_true',
+                        help='mixed precision (fp16 on CUDA, bf16 autocast on CPU)')
+    parser.add_argument('--no-validate', action='store_true',
+                        help='do not evaluate checkpoints during training')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help='scale the learning rate by the actual batch size')
+    parser.add_argument('--no-pin-memory', action='store_true',
+                        help='disable pin_memory in every dataloader')
+    parser.add_argument('--no-persistent-workers', action='store_true',
+                        help='disable persistent_workers in every dataloader')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, key=value (xxx=[a,b] for lists)')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    # torch.distributed.launch passes --local-rank, older launchers --local_rank.
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    set_local_rank(args.local_rank)
+    return args
+
+
+def merge_args(cfg, args):
+    cfg.launcher = args.launcher
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = default_work_dir(args.config)
+
+    if args.amp:
+        configure_amp(cfg)
+
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        cfg.resume = True
+        cfg.load_from = args.resume
+
+    if args.no_validate:
+        cfg.val_cfg = None
+        cfg.val_dataloader = None
+        cfg.val_evaluator = None
+
+    if args.auto_scale_lr:
+        if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
+            raise ValueError('--auto-scale-lr needs `auto_scale_lr = dict(base_batch_size=N)` '
+                             'in the config')
+        cfg.auto_scale_lr.enable = True
+
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        if cfg.get(loader) is None:
+            continue
+        if args.no_pin_memory:
+            cfg[loader]['pin_memory'] = False
+        if args.no_persistent_workers:
+            cfg[loader]['persistent_workers'] = False
+
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    return cfg
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = merge_args(Config.fromfile(args.config), args)
+    notes = configure_device(cfg, args.launcher)
+    setup_checkpoint_trust(cfg)
+    try:
+        runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+        for note in notes:
+            runner.logger.info(note)
+        runner.train()
+    finally:
+        finalize_distributed()
+
+
+if __name__ == '__main__':
+    main()
