@@ -1,0 +1,69 @@
+"""Token layout of multi-scale feature maps and the inputs of multi-scale deformable attention.
+
+The adapter keeps feature maps of several strides as one token sequence (level after
+level, each row-major) so that one deformable-attention call samples all of them. The
+grid of every level is carried explicitly, never inferred from a token count: the
+sequence lengths of the levels need not be in a fixed ratio.
+"""
+from typing import List, NamedTuple, Sequence, Tuple
+
+import torch
+
+GridShape = Tuple[int, int]
+
+
+class DeformableInputs(NamedTuple):
+    """What ``mmcv.ops.MultiScaleDeformableAttention`` needs besides query and value.
+
+    ``reference_points``: ``(1, num_queries, 1, 2)`` normalised ``(x, y)`` in [0, 1],
+    one point per query shared by every value level (broadcast over batch and levels).
+    ``spatial_shapes``: ``(num_levels, 2)`` long, ``(h, w)`` of each value level.
+    ``level_start_index``: ``(num_levels,)`` long, first token of each value level.
+    """
+    reference_points: torch.Tensor
+    spatial_shapes: torch.Tensor
+    level_start_index: torch.Tensor
+
+
+def grid_reference_points(grid_shapes: Sequence[GridShape], like: torch.Tensor) -> torch.Tensor:
+    """Cell centres of each grid in turn, normalised by that grid's size.
+
+    A query at the centre of cell ``(i, j)`` of an ``h x w`` grid sits at
+    ``((j + 0.5) / w, (i + 0.5) / h)``: the same image location whatever the stride,
+    so queries of one grid look at the matching place of value maps of another.
+    """
+    points = []
+    for h, w in grid_shapes:
+        ys = (torch.arange(h, device=like.device, dtype=like.dtype) + 0.5) / h
+        xs = (torch.arange(w, device=like.device, dtype=like.dtype) + 0.5) / w
+        grid_y, grid_x = torch.meshgrid(ys, xs, indexing='ij')
+        points.append(torch.stack((grid_x.reshape(-1), grid_y.reshape(-1)), dim=-1))
+    return torch.cat(points)[None, :, None]
+
+
+def deformable_inputs(query_shapes: Sequence[GridShape], value_shapes: Sequence[GridShape],
+                      like: torch.Tensor) -> DeformableInputs:
+    """Inputs for queries laid out on ``query_shapes`` sampling values on ``value_shapes``."""
+    spatial_shapes = torch.as_tensor(value_shapes, dtype=torch.long, device=like.device)
+    level_start_index = torch.cat(
+        (spatial_shapes.new_zeros(1), spatial_shapes.prod(1).cumsum(0)[:-1]))
+    return DeformableInputs(grid_reference_points(query_shapes, like), spatial_shapes,
+                            level_start_index)
+
+
+def flatten_maps(maps: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``(B, C, h_i, w_i)`` maps -> one ``(B, sum_i h_i*w_i, C)`` token sequence."""
+    return torch.cat([m.flatten(2).transpose(1, 2) for m in maps], dim=1)
+
+
+def split_maps(tokens: torch.Tensor, grid_shapes: Sequence[GridShape]) -> List[torch.Tensor]:
+    """Inverse of :func:`flatten_maps`: ``(B, N, C)`` -> ``(B, C, h_i, w_i)`` maps."""
+    sizes = [h * w for h, w in grid_shapes]
+    if sum(sizes) != tokens.shape[1]:
+        raise ValueError(f'{tokens.shape[1]} tokens do not hold the grids {list(grid_shapes)} '
+                         f'({sum(sizes)} cells)')
+    batch, _, channels = tokens.shape
+    return [
+        part.transpose(1, 2).reshape(batch, channels, h, w)
+        for part, (h, w) in zip(tokens.split(sizes, dim=1), grid_shapes)
+    ]
