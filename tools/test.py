@@ -64,6 +64,9 @@ def enable_visualization(cfg, args):
 
 
 def merge_args(cfg, args):
+    # --cfg-options first, so that explicit flags (--no-validate, --amp, ...) win.
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
     cfg.launcher = args.launcher
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
@@ -80,9 +83,6 @@ def merge_args(cfg, args):
         cfg.tta_model.module = cfg.model
         cfg.model = cfg.tta_model
         cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
-
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
     return cfg
 
 

@@ -48,6 +48,9 @@ def parse_args(argv=None):
 
 
 def merge_args(cfg, args):
+    # --cfg-options first, so that explicit flags (--no-validate, --amp, ...) win.
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
     cfg.launcher = args.launcher
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
@@ -82,9 +85,6 @@ def merge_args(cfg, args):
             cfg[loader]['pin_memory'] = False
         if args.no_persistent_workers:
             cfg[loader]['persistent_workers'] = False
-
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
     return cfg
 
 

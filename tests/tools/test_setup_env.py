@@ -1,0 +1,72 @@
+"""tools/setup_env.py: failures name their step and log; a second run reuses everything."""
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_setup_env():
+    spec = importlib.util.spec_from_file_location('setup_env', REPO / 'tools' / 'setup_env.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_failed_step_names_step_and_log(tmp_path):
+    setup_env = load_setup_env()
+    log = tmp_path / 'logs' / 'compile.log'
+    with pytest.raises(setup_env.StepFailed) as err:
+        setup_env.run_logged('compile', [sys.executable, '-c', 'print("boom"); raise SystemExit(3)'],
+                             log)
+    message = str(err.value)
+    assert 'step "compile" failed (exit 3)' in message and str(log) in message
+    assert 'boom' in message and 'boom' in log.read_text()
+
+
+def test_disk_check_stops_before_touching_anything(tmp_path):
+    setup_env = load_setup_env()
+    with pytest.raises(setup_env.StepFailed, match='only .* GiB is free. Nothing was changed'):
+        setup_env.check_disk(tmp_path / 'venv', 10**9, 'a new environment')
+
+
+def test_wrong_python_is_refused(monkeypatch):
+    setup_env = load_setup_env()
+    monkeypatch.setattr(setup_env, 'REQUIRED_PYTHON', (2, 7))
+    with pytest.raises(setup_env.StepFailed, match='Python 2.7 is required'):
+        setup_env.check_python()
+
+
+def test_shell_entry_reports_missing_python(tmp_path):
+    env = dict(os.environ, PATH=str(tmp_path), LINVIT_PYTHON='')
+    proc = subprocess.run(['/bin/bash', str(REPO / 'tools' / 'setup_env.sh')], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert 'no Python 3.11 found' in proc.stderr
+
+
+def test_stamps_change_with_requirements(tmp_path, monkeypatch):
+    setup_env = load_setup_env()
+    req = tmp_path / 'runtime.txt'
+    req.write_text('timm\n')
+    first = setup_env.sha256_of(req)
+    req.write_text('timm\nscipy\n')
+    assert setup_env.sha256_of(req) != first
+
+
+@pytest.mark.skipif(not (REPO / '.venv' / '.linvit_stamps').is_dir(),
+                    reason='needs the environment built by tools/setup_env.sh')
+def test_second_run_reuses_the_environment():
+    started = time.time()
+    proc = subprocess.run(['bash', str(REPO / 'tools' / 'setup_env.sh')], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    elapsed = time.time() - started
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for step in ('build', 'torch', 'mmcv', 'openmmlab', 'project'):
+        assert f'{step}: up to date' in proc.stdout
+    assert elapsed < 60

@@ -1,0 +1,128 @@
+"""tools/train.py, tools/test.py and tools/dist_train.sh on the generated mini ImageNet set."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_CONFIG = REPO / 'tests' / 'data' / 'configs' / 'tiny_cls_mini.py'
+
+
+def data_options(mini_data_root):
+    root = mini_data_root / 'imagenet'
+    return [f'{loader}.dataset.data_root={root}'
+            for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader')]
+
+
+def run_tool(args, timeout=600, env=None):
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    return output
+
+
+def train(work_dir, mini_data_root, *extra, options=()):
+    return run_tool([sys.executable, 'tools/train.py', str(TINY_CONFIG), '--work-dir',
+                     str(work_dir), *extra, '--cfg-options',
+                     *data_options(mini_data_root), *options])
+
+
+def trained_iters(log):
+    return [int(i) for i in re.findall(r'Iter\(train\) \[\s*(\d+)/\d+\]', log)]
+
+
+@pytest.fixture(scope='module')
+def trained_run(tmp_path_factory, mini_data_root):
+    work_dir = tmp_path_factory.mktemp('train')
+    log = train(work_dir, mini_data_root)
+    return work_dir, log
+
+
+def test_stack_imports_and_compiled_ops_run_on_cpu():
+    import mmdet  # noqa: F401
+    import mmpretrain  # noqa: F401
+    import mmseg  # noqa: F401
+    from mmcv.ops import MultiScaleDeformableAttention, RoIAlign, batched_nms, nms
+
+    feats = torch.randn(1, 4, 16, 16, requires_grad=True)
+    rois = torch.tensor([[0., 1., 1., 9., 9.], [0., 4., 2., 14., 12.]])
+    pooled = RoIAlign(output_size=(3, 3), spatial_scale=1., sampling_ratio=2)(feats, rois)
+    pooled.sum().backward()
+    assert pooled.shape == (2, 4, 3, 3) and feats.grad.abs().sum() > 0
+
+    boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.], [20., 20., 30., 30.]])
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    _, keep = nms(boxes, scores, iou_threshold=0.5)
+    assert keep.tolist() == [0, 2]
+    _, keep = batched_nms(boxes, scores, torch.tensor([0, 1, 0]), dict(iou_threshold=0.5))
+    assert sorted(keep.tolist()) == [0, 1, 2]
+
+    attn = MultiScaleDeformableAttention(embed_dims=32, num_heads=4, num_levels=2, num_points=2,
+                                         batch_first=True)
+    shapes = torch.tensor([[8, 8], [4, 4]])
+    value = torch.randn(1, 80, 32, requires_grad=True)
+    query = torch.randn(1, 5, 32)
+    out = attn(query, value=value, reference_points=torch.rand(1, 5, 2, 2),
+               spatial_shapes=shapes, level_start_index=torch.tensor([0, 64]))
+    out.sum().backward()
+    assert out.shape == (1, 5, 32) and value.grad.abs().sum() > 0
+
+
+def test_train_writes_checkpoints_and_validates(trained_run):
+    work_dir, log = trained_run
+    assert trained_iters(log) == [1, 2]
+    assert (work_dir / 'iter_2.pth').is_file()
+    assert 'accuracy/top1' in log
+    last = (work_dir / 'last_checkpoint').read_text().strip()
+    assert last.endswith('iter_2.pth')
+
+
+def test_resume_auto_and_from_path(trained_run, mini_data_root, tmp_path):
+    work_dir, _ = trained_run
+    resumed = tmp_path / 'resumed'
+    resumed.mkdir()
+    # Resume from an explicit path into a fresh work dir, then auto-resume there.
+    log = train(resumed, mini_data_root, '--resume', str(work_dir / 'iter_2.pth'),
+                options=['train_cfg.max_iters=3'])
+    assert trained_iters(log) == [3]
+    log = train(resumed, mini_data_root, '--resume', options=['train_cfg.max_iters=4'])
+    assert 'resumed' in log.lower()
+    assert trained_iters(log) == [4]
+    ckpt = torch.load(resumed / 'iter_4.pth', map_location='cpu', weights_only=False)
+    assert ckpt['meta']['iter'] == 4
+
+
+def test_amp_on_cpu_trains_in_bf16(mini_data_root, tmp_path):
+    log = train(tmp_path, mini_data_root, '--amp', '--no-validate')
+    assert trained_iters(log) == [1, 2]
+    assert 'CPUAmpOptimWrapper' in (tmp_path / 'tiny_cls_mini.py').read_text()
+
+
+def test_test_tool_evaluates_and_dumps(trained_run, tmp_path, mini_data_root):
+    work_dir, _ = trained_run
+    out = tmp_path / 'preds.pkl'
+    log = run_tool([sys.executable, 'tools/test.py', str(TINY_CONFIG),
+                    str(work_dir / 'iter_2.pth'), '--work-dir', str(tmp_path), '--out',
+                    str(out), '--cfg-options', *data_options(mini_data_root)])
+    top1 = float(re.search(r'accuracy/top1: ([\d.]+)', log).group(1))
+    assert 0 <= top1 <= 100
+    assert out.is_file()
+
+
+def test_dist_train_two_processes_with_gloo(mini_data_root, tmp_path):
+    log = run_tool(['bash', 'tools/dist_train.sh', str(TINY_CONFIG), '2', '--work-dir',
+                    str(tmp_path), '--cfg-options', *data_options(mini_data_root)],
+                   env=dict(PYTHON=sys.executable, PORT='29517'))
+    assert 'gloo process group, rank 0 of 2' in log
+    assert trained_iters(log) == [1, 2]
+    assert (tmp_path / 'iter_2.pth').is_file()
+    log = run_tool(['bash', 'tools/dist_train.sh', str(TINY_CONFIG), '2', '--work-dir',
+                    str(tmp_path), '--resume', '--cfg-options', *data_options(mini_data_root),
+                    'train_cfg.max_iters=3'],
+                   env=dict(PYTHON=sys.executable, PORT='29518'))
+    assert trained_iters(log) == [3]
