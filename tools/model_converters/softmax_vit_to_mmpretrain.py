@@ -1,0 +1,68 @@
+"""Convert a Softmax ViT checkpoint (DeiT, timm, DINO, MoCo v3, iBOT, MAE, mmpretrain) to
+mmpretrain names, for inspection or for ``init_cfg=dict(type='Pretrained', ...)``.
+
+    python tools/model_converters/softmax_vit_to_mmpretrain.py SRC DST [--show]
+
+The source is read with ``torch.load(weights_only=True)``; the output is
+``{'state_dict': {'backbone.*', 'head.*'}, 'meta': {...}}`` and loads the same way.
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+import torch
+
+from linvit_mm.transfer.checkpoint import load_softmax_checkpoint
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description='Convert a Softmax ViT checkpoint to an mmpretrain-format checkpoint.')
+    parser.add_argument('src', help='source checkpoint (.pth / .pth.tar)')
+    parser.add_argument('dst', help='where to write the mmpretrain-format checkpoint')
+    parser.add_argument('--show', action='store_true',
+                        help='also list every converted tensor and every unused key')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        ckpt = load_softmax_checkpoint(args.src)
+    except (FileNotFoundError, ValueError) as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 1
+
+    meta = dict(
+        source_format=ckpt.source_format,
+        converted_by='linvit_mm',
+        source=osp.basename(args.src),
+        embed_dims=ckpt.embed_dims,
+        depth=ckpt.depth,
+        patch_size=ckpt.patch_size,
+        pos_grid=ckpt.pos_grid,
+        num_extra_tokens=ckpt.num_extra_tokens,
+        unused_keys=list(ckpt.unused_keys),
+        notes=list(ckpt.notes))
+    if ckpt.num_heads is not None:
+        meta['num_heads'] = ckpt.num_heads
+    dst_dir = osp.dirname(osp.abspath(args.dst))
+    os.makedirs(dst_dir, exist_ok=True)
+    torch.save({'state_dict': ckpt.state_dict, 'meta': meta}, args.dst)
+
+    print(ckpt.summary())
+    if args.show:
+        print('converted tensors:')
+        for name, tensor in ckpt.state_dict.items():
+            print(f'  {name}: {tuple(tensor.shape)}')
+        for group, keys in ckpt.unused_groups.items():
+            print(f'unused ({group}):')
+            for key in keys:
+                print(f'  {key}')
+    print(f'saved {len(ckpt.state_dict)} tensors to {args.dst}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
