@@ -170,8 +170,9 @@ class ListHandler(logging.Handler):
 
 
 @pytest.fixture
-def log_messages():
-    logger = MMLogger.get_instance('test_adapter_load', log_level='INFO')
+def log_messages(request):
+    # A fresh instance is the current one, which the adapter logs to.
+    logger = MMLogger.get_instance(f'test_adapter_{request.node.name}', log_level='INFO')
     handler = ListHandler()
     logger.addHandler(handler)
     yield handler.messages
@@ -319,6 +320,22 @@ def test_with_cp_gives_the_same_output_and_gradients(attn_type, monkeypatch):
         assert_rel_close(b, a, 1e-12, name=f'output {i}')
     for name, grad in grads_a.items():
         assert_rel_close(grads_b[name], grad, 1e-10, name=name)
+
+
+def test_cpu_bf16_autocast_runs_close_to_float32():
+    """The CPU ``--amp`` path (bf16 autocast) runs forward and backward through the adapter."""
+    model = make_adapter('softmax').train()
+    with torch.no_grad():
+        for block in model.interactions:
+            block.injector.gamma.fill_(0.1)
+    image = images((64, 48), batch=2)
+    reference = model(image)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(image)
+    sum(out.float().sum() for out in outs).backward()
+    for i, (out, ref) in enumerate(zip(outs, reference)):
+        assert_rel_close(out.float(), ref, 0.05, name=f'bf16 output {i}')
+    assert torch.isfinite(model.interactions[0].injector.gamma.grad).all()
 
 
 @pytest.mark.parametrize('norm_cfg, norm_type', [

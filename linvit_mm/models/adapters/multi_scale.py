@@ -32,10 +32,13 @@ def grid_reference_points(grid_shapes: Sequence[GridShape], like: torch.Tensor) 
     ``((j + 0.5) / w, (i + 0.5) / h)``: the same image location whatever the stride,
     so queries of one grid look at the matching place of value maps of another.
     """
+    # At least float32: in bf16 a point near 1 is off by up to 2**-8, a sixth of a
+    # cell on an 84-wide grid (1333 / 16), and every sampling location would shift.
+    dtype = torch.promote_types(like.dtype, torch.float32)
     points = []
     for h, w in grid_shapes:
-        ys = (torch.arange(h, device=like.device, dtype=like.dtype) + 0.5) / h
-        xs = (torch.arange(w, device=like.device, dtype=like.dtype) + 0.5) / w
+        ys = (torch.arange(h, device=like.device, dtype=dtype) + 0.5) / h
+        xs = (torch.arange(w, device=like.device, dtype=dtype) + 0.5) / w
         grid_y, grid_x = torch.meshgrid(ys, xs, indexing='ij')
         points.append(torch.stack((grid_x.reshape(-1), grid_y.reshape(-1)), dim=-1))
     return torch.cat(points)[None, :, None]

@@ -1,7 +1,6 @@
 """Spatial prior module of ViT-Adapter: a small conv stem giving features at strides 4 to 32."""
 import math
 
-import torch
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch import nn
