@@ -85,7 +85,8 @@ class AttentionDistillHook(Hook):
     Mixup/CutMix). Forward hooks on the attention modules of both record every
     block's attention output, and a forward hook on the model adds
     ``loss_distill`` to the loss dict the model returns, so it is part of backward,
-    summed by ``parse_losses`` and logged.
+    summed by ``parse_losses`` and logged (a model entry named plain ``loss`` is
+    logged as ``loss_task`` so that ``loss`` stays the total).
 
     Args:
         teacher (dict): model config of the teacher (a ``LinearViT`` with
@@ -242,6 +243,11 @@ class AttentionDistillHook(Hook):
                                                               self.patch_tokens_only)
             loss = loss + F.mse_loss(student_value.float(), teacher_value.float())
         output = dict(output)
+        if 'loss' in output:
+            # parse_losses logs the total as 'loss' and then lets a model entry of the
+            # same name overwrite it (mmpretrain heads return 'loss'); renamed, the
+            # log shows the total, the task loss and the distillation loss.
+            output['loss_task'] = output.pop('loss')
         output['loss_distill'] = self.loss_weight * loss
         return output
 
