@@ -4,6 +4,8 @@ import hashlib
 import json
 import os
 import os.path as osp
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -29,6 +31,16 @@ def tree_digest(root):
 def summaries(mini_data_root):
     # The sets already exist: this only reads their markers.
     return make_mini_all(mini_data_root)
+
+
+def test_import_registers_nothing_downstream():
+    # The writers must not import (and so register into) the task libraries.
+    code = ('import sys, linvit_mm.datasets.mini_data; '
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('mmdet', 'mmseg', 'mmpretrain')))")
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == '[]'
 
 
 # ----------------------------------------------------------------------------- determinism
@@ -110,7 +122,8 @@ def test_coco_annotations_are_consistent(mini_data_root, summaries):
         assert len(images) == summary['splits'][split]
         assert len(coco['annotations']) == summary['instances'][split]
         # Every class in every split, as per-class AP needs.
-        assert {a['category_id'] for a in coco['annotations']} == {c['id'] for c in coco['categories']}
+        category_ids = {c['id'] for c in coco['categories']}
+        assert {a['category_id'] for a in coco['annotations']} == category_ids
         for img in images.values():
             assert (root / summary['data_prefixes'][split] / img['file_name']).is_file()
         for ann in coco['annotations']:
@@ -182,7 +195,8 @@ def test_foreign_directory_is_not_overwritten(tmp_path):
 
 @pytest.mark.parametrize(
     'call, error, message',
-    [(lambda r: make_mini_imagenet(r, task='digits'), ValueError, "one of \\('shapes', 'textures'\\)"),
+    [(lambda r: make_mini_imagenet(r, task='digits'), ValueError,
+      "one of \\('shapes', 'textures'\\)"),
      (lambda r: make_mini_imagenet(r, num_classes=7), ValueError, 'num_classes must be in'),
      (lambda r: make_mini_imagenet(r, img_size=(64, 64, 3)), TypeError, 'img_size'),
      (lambda r: make_mini_imagenet(r, train_per_class=2.5), TypeError, 'train_per_class'),
@@ -223,7 +237,8 @@ def test_class_is_learnable_from_content(name, mini_data_root, summaries):
     root = mini_data_root / name
     data = {}
     for split in ('train', 'val'):
-        lines = [line.split(' ') for line in (root / 'meta' / f'{split}.txt').read_text().splitlines()]
+        ann_file = root / 'meta' / f'{split}.txt'
+        lines = [line.split(' ') for line in ann_file.read_text().splitlines()]
         data[split] = (_fft_features([root / split / p for p, _ in lines]),
                        np.array([int(label) for _, label in lines]))
     (x_train, y_train), (x_val, y_val) = data['train'], data['val']
@@ -232,3 +247,142 @@ def test_class_is_learnable_from_content(name, mini_data_root, summaries):
     pred = ((x_val[:, None] - means[None]) ** 2).sum(-1).argmin(1)
     accuracy = (pred == y_val).mean()
     assert accuracy > 3 / num_classes, f'{name}: nearest-class-mean accuracy {accuracy:.3f}'
+
+
+# ----------------------------------------------------------------------------- upstream
+# Transforms are named with their scope ('mmdet.LoadAnnotations'): without a default scope
+# a bare 'LoadAnnotations' silently resolves to mmcv's generic class, which rejects
+# ``with_mask`` (mmdet) or looks for ``instances`` (mmseg).
+def _transform_classes(dataset):
+    return [f'{type(t).__module__.split(".")[0]}.{type(t).__name__}'
+            for t in dataset.pipeline.transforms]
+
+
+def test_mmpretrain_imagenet_and_custom_dataset(mini_data_root, summaries):
+    pytest.importorskip('mmpretrain')
+    from mmpretrain.datasets import CustomDataset, ImageNet
+
+    summary = summaries['imagenet']
+    root = str(mini_data_root / 'imagenet')
+    pipeline = [dict(type='mmpretrain.LoadImageFromFile'), dict(type='mmpretrain.PackInputs')]
+    for split in ('train', 'val'):
+        dataset = ImageNet(data_root=root, split=split, pipeline=pipeline,
+                           metainfo=dict(classes=summary['classes']))
+        assert len(dataset) == summary['splits'][split]
+        assert list(dataset.metainfo['classes']) == summary['classes']
+        lines = (mini_data_root / 'imagenet' / 'meta' / f'{split}.txt').read_text().splitlines()
+        for index in (0, len(dataset) - 1):
+            packed = dataset[index]
+            rel_path, label = lines[index].split(' ')
+            assert packed['inputs'].shape == (3, *summary['img_size'][::-1])
+            assert packed['data_samples'].gt_label.tolist() == [int(label)]
+            assert packed['data_samples'].img_path == osp.join(root, split, rel_path)
+        # Scanning the class folders (no annotation file) gives the same labels.
+        scanned = CustomDataset(data_root=root, data_prefix=split,
+                                classes=osp.join(root, 'meta', 'classes.txt'))
+        assert sorted((d['img_path'], d['gt_label']) for d in scanned.load_data_list()) == \
+            sorted((d['img_path'], d['gt_label']) for d in dataset.load_data_list())
+
+
+def _coco_map(dataset, summary, root, perturb):
+    from mmdet.evaluation import CocoMetric
+    import torch
+
+    metric = CocoMetric(ann_file=str(root / summary['ann_files']['val']),
+                        metric=['bbox', 'segm'])
+    metric.dataset_meta = dataset.metainfo
+    for index in range(len(dataset)):
+        sample = dataset[index]['data_samples']
+        gt = sample.gt_instances
+        pred = dict(bboxes=gt.bboxes.tensor.clone(), labels=gt.labels.clone(),
+                    scores=torch.ones(len(gt.labels)),
+                    masks=torch.from_numpy(gt.masks.to_ndarray().astype(bool)))
+        perturb(pred)
+        metric.process({}, [dict(img_id=sample.img_id, ori_shape=sample.ori_shape,
+                                 pred_instances=pred)])
+    return metric.evaluate(len(dataset))
+
+
+def test_mmdet_coco_dataset_and_metric(mini_data_root, summaries):
+    pytest.importorskip('mmdet')
+    pytest.importorskip('pycocotools')
+    from mmdet.datasets import CocoDataset
+    import torch
+
+    summary = summaries['coco']
+    root = mini_data_root / 'coco'
+    datasets = {}
+    for split in ('train', 'val'):
+        datasets[split] = CocoDataset(
+            data_root=str(root), ann_file=summary['ann_files'][split],
+            data_prefix=dict(img=summary['data_prefixes'][split]),
+            metainfo=dict(classes=tuple(summary['classes'])), test_mode=split == 'val',
+            pipeline=[dict(type='mmdet.LoadImageFromFile'),
+                      dict(type='mmdet.LoadAnnotations', with_bbox=True, with_mask=True),
+                      dict(type='mmdet.PackDetInputs')])
+        # Training filters empty images; none is empty.
+        assert len(datasets[split]) == summary['splits'][split]
+    dataset = datasets['val']
+    assert _transform_classes(dataset) == ['mmcv.LoadImageFromFile', 'mmdet.LoadAnnotations',
+                                           'mmdet.PackDetInputs']
+    packed = dataset[0]
+    gt = packed['data_samples'].gt_instances
+    assert packed['inputs'].shape == (3, *summary['img_size'][::-1])
+    assert gt.masks.to_ndarray().shape[1:] == tuple(summary['img_size'][::-1])
+    assert len(gt.labels) == len(gt.bboxes) == len(gt.masks) >= 1
+
+    exact = _coco_map(dataset, summary, root, perturb=lambda pred: None)
+    assert exact['coco/bbox_mAP'] == pytest.approx(1.0)
+    assert exact['coco/segm_mAP'] == pytest.approx(1.0)
+
+    def shift_right(pred):
+        pred['bboxes'][:, 0::2] += 3
+        pred['masks'] = torch.roll(pred['masks'], 3, dims=2)
+
+    shifted = _coco_map(dataset, summary, root, perturb=shift_right)
+    assert shifted['coco/bbox_mAP'] < 0.9 and shifted['coco/segm_mAP'] < 0.9
+
+
+@pytest.mark.parametrize('override', [True, False], ids=['first-k-ade-classes', '150-classes'])
+def test_mmseg_ade20k_dataset_and_metric(override, mini_data_root, summaries):
+    pytest.importorskip('mmseg')
+    from mmseg.datasets import ADE20KDataset
+    from mmseg.evaluation import IoUMetric
+
+    summary = summaries['ade']
+    num_classes = len(summary['classes'])
+    assert ADE20KDataset.METAINFO['classes'][:len(ADE20K_LEADING_CLASSES)] == \
+        ADE20K_LEADING_CLASSES
+    kwargs = dict(metainfo=dict(classes=summary['ade20k_classes'])) if override else {}
+    dataset = ADE20KDataset(
+        data_root=str(mini_data_root / 'ade'), data_prefix=summary['data_prefixes']['val'],
+        test_mode=True, pipeline=[dict(type='mmseg.LoadImageFromFile'),
+                                  dict(type='mmseg.LoadAnnotations'),
+                                  dict(type='mmseg.PackSegInputs')], **kwargs)
+    assert _transform_classes(dataset) == ['mmcv.LoadImageFromFile', 'mmseg.LoadAnnotations',
+                                           'mmseg.PackSegInputs']
+    assert len(dataset) == summary['splits']['val']
+    assert len(dataset.metainfo['classes']) == (num_classes if override else 150)
+
+    def miou(perturb):
+        metric = IoUMetric(iou_metrics=['mIoU'])
+        metric.dataset_meta = dataset.metainfo
+        labels = set()
+        for index in range(len(dataset)):
+            gt = dataset[index]['data_samples'].gt_sem_seg.data
+            labels |= set(gt.unique().tolist())
+            metric.process({}, [dict(pred_sem_seg=dict(data=perturb(gt.clone())),
+                                     gt_sem_seg=dict(data=gt))])
+        return float(metric.evaluate(len(dataset))['mIoU']), labels
+
+    exact, labels = miou(lambda pred: pred)
+    # reduce_zero_label: PNG 0 ("other") -> 255 (ignored), c -> c - 1.
+    assert labels == set(range(num_classes)) | {255}
+    assert exact == pytest.approx(100.0)
+
+    def background_as_first_shape(pred):
+        pred[pred == 0] = 1
+        return pred
+
+    wrong, _ = miou(background_as_first_shape)
+    assert wrong < 90
