@@ -14,8 +14,7 @@ from mmengine.runner import Runner
 
 import linvit_mm.engine  # noqa: F401  (registers CPUAmpOptimWrapper for --amp on CPU)
 from linvit_mm.engine.launch import (configure_amp, configure_device, default_work_dir,
-                                     finalize_distributed, set_local_rank,
-                                     setup_checkpoint_trust)
+                                     finalize_distributed, set_local_rank)
 
 
 def parse_args(argv=None):
@@ -92,7 +91,6 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = merge_args(Config.fromfile(args.config), args)
     notes = configure_device(cfg, args.launcher)
-    setup_checkpoint_trust(cfg)
     try:
         runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
         for note in notes:

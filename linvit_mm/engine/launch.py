@@ -1,27 +1,15 @@
 """What ``tools/train.py`` and ``tools/test.py`` do around mmengine's Runner.
 
-The tools keep the upstream CLI; this module holds the pieces they share: the
-checkpoint trust rule, distributed runs on machines without CUDA (gloo), and
-``--amp`` on CPU (bf16 autocast).
+The tools keep the upstream CLI; this module holds the pieces they share:
+distributed runs on machines without CUDA (gloo) and ``--amp`` on CPU (bf16
+autocast). Checkpoint loading needs nothing here: importing ``linvit_mm``
+installs the safe loader of ``linvit_mm.utils.checkpoint``.
 """
 import os
 import os.path as osp
 
 import torch
 import torch.distributed as dist
-
-from linvit_mm.utils.checkpoint import install_checkpoint_policy, trust_checkpoint, trust_run_dir
-
-
-def setup_checkpoint_trust(cfg, *checkpoints):
-    """The run's own outputs (work_dir, resume/load_from, the tested checkpoint) load in full;
-    every other weight file is read weights-only."""
-    install_checkpoint_policy()
-    trust_run_dir(cfg.work_dir)
-    for ckpt in (cfg.get('load_from'), *checkpoints):
-        if ckpt:
-            trust_checkpoint(ckpt)
-
 
 def _replace_sync_bn(node):
     """SyncBN needs CUDA (under gloo it raises); on CPU the same config runs with BN."""

@@ -1,4 +1,6 @@
-from .checkpoint import load_weights_only, trust_checkpoint, trust_run_dir
+from .checkpoint import (UnsafeCheckpointError, install_checkpoint_policy, load_checkpoint_file,
+                         load_weights_only)
 from .compat import register_config_scope
 
-__all__ = ['load_weights_only', 'register_config_scope', 'trust_checkpoint', 'trust_run_dir']
+__all__ = ['UnsafeCheckpointError', 'install_checkpoint_policy', 'load_checkpoint_file',
+           'load_weights_only', 'register_config_scope']

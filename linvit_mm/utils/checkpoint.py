@@ -1,80 +1,121 @@
-"""Checkpoint loading under torch >= 2.6, where ``torch.load`` defaults to weights only.
+"""Checkpoint loading under torch >= 2.6 without ever unpickling code.
 
-Two kinds of files reach mmengine's checkpoint loader:
+torch 2.6 made ``torch.load`` weights-only by default. Two kinds of files reach
+mmengine's checkpoint loader in this project:
 
-* the project's own run checkpoints (``--resume``, ``load_from``, ``tools/test.py CKPT``,
-  anything under the run's ``work_dir``). mmengine pickles its ``HistoryBuffer``
-  and numpy objects into them, which weights-only loading refuses, and making
-  them loadable by allow-listing would need ``builtins.getattr`` (i.e. arbitrary
-  code). These paths are *trusted* by the tools and unpickled in full.
 * weight files from outside (DeiT releases, timm or self-supervised state dicts,
-  ``init_cfg=dict(type='Pretrained', ...)``). They are plain tensors, so they are
-  always read with ``weights_only=True``: a pickle carrying code is refused, never
-  executed.
+  ``init_cfg=dict(type='Pretrained', ...)``): plain tensors and containers, read
+  with ``weights_only=True``;
+* mmengine run checkpoints (``--resume``, ``load_from``, ``tools/test.py CKPT``,
+  the classification-stage checkpoint that initialises a detector). Besides
+  tensors they pickle mmengine's ``HistoryBuffer`` and numpy scalars, and the
+  buffer's statistics table as ``getattr(HistoryBuffer, 'mean')``, which
+  weights-only loading refuses. Allow-listing ``builtins.getattr`` wholesale
+  would allow arbitrary code, so these files are read by a restricted unpickler:
+  torch's weights-only allow-list, plus numpy's array/scalar reconstruction,
+  ``HistoryBuffer``, and ``getattr`` limited to public attributes of
+  ``HistoryBuffer``.
 
-``install_checkpoint_policy`` replaces mmengine's loader for local files with
-``load_local_checkpoint``, which applies that rule.
+Anything else (a pickle naming any other global) is refused with
+``UnsafeCheckpointError`` naming the global; nothing it carries runs.
+``install_checkpoint_policy`` routes mmengine's loader for local files here.
 """
-import os
 import os.path as osp
 import pickle
+import types
 
 import torch
 
-_trusted_files = set()
-_trusted_dirs = set()
+__all__ = ['UnsafeCheckpointError', 'install_checkpoint_policy', 'load_checkpoint_file',
+           'load_weights_only']
 
 
-def _norm(path):
-    return osp.realpath(osp.expanduser(str(path)))
-
-
-def trust_checkpoint(path):
-    """Mark a checkpoint file, or every file under a directory, as the user's own run output."""
-    path = _norm(path)
-    (_trusted_dirs if osp.isdir(path) else _trusted_files).add(path)
-
-
-def trust_run_dir(work_dir):
-    """The runner writes its checkpoints into work_dir, so they are trusted even before they exist."""
-    _trusted_dirs.add(_norm(work_dir))
-
-
-def is_trusted(path):
-    path = _norm(path)
-    if path in _trusted_files:
-        return True
-    return any(path == d or path.startswith(d + os.sep) for d in _trusted_dirs)
-
-
-class UntrustedCheckpointError(pickle.UnpicklingError):
-    pass
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """The file pickles an object that is neither a tensor container nor run metadata."""
 
 
 def load_weights_only(path, map_location='cpu'):
-    """``torch.load(weights_only=True)`` with an error that explains the refusal."""
+    """``torch.load(weights_only=True)`` with an error that says why a file is refused."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        raise UntrustedCheckpointError(
-            f'{path} holds pickled objects beyond tensors and plain containers, so it was not '
-            'loaded (external weight files are read with weights_only=True; unpickling them in '
-            'full could run code they carry). If this file is your own training checkpoint, '
-            'pass it as --resume / load_from / the tools/test.py checkpoint, or call '
-            f'linvit_mm.utils.checkpoint.trust_checkpoint(path). Original error: '
-            f'{str(err).splitlines()[0]}') from err
+        raise UnsafeCheckpointError(
+            f'{path} pickles objects beyond tensors and plain containers, so it was not loaded '
+            '(weight files are read with weights_only=True: unpickling them in full could run '
+            f'code they carry). Original error: {str(err).splitlines()[0]}') from err
 
 
-def load_local_checkpoint(filename, map_location=None):
-    filename = osp.expanduser(filename)
-    if not osp.isfile(filename):
-        raise FileNotFoundError(f'{filename} can not be found.')
-    if is_trusted(filename):
-        return torch.load(filename, map_location=map_location, weights_only=False)
-    return load_weights_only(filename, map_location=map_location)
+def _run_checkpoint_globals():
+    import numpy as np
+    from mmengine.logging import HistoryBuffer
+    from torch._weights_only_unpickler import _get_allowed_globals
+
+    allowed = dict(_get_allowed_globals())
+    core = np._core if hasattr(np, '_core') else np.core
+    allowed.update({
+        'numpy.dtype': np.dtype,
+        'numpy.ndarray': np.ndarray,
+        f'{core.multiarray.__name__}._reconstruct': core.multiarray._reconstruct,
+        f'{core.multiarray.__name__}.scalar': core.multiarray.scalar,
+        'mmengine.logging.history_buffer.HistoryBuffer': HistoryBuffer,
+        'builtins.getattr': _public_attribute_of(HistoryBuffer),
+        'collections.OrderedDict': __import__('collections').OrderedDict,
+    })
+    for name in dir(np.dtypes):
+        dtype_class = getattr(np.dtypes, name)
+        if isinstance(dtype_class, type) and issubclass(dtype_class, np.dtype):
+            allowed[f'numpy.dtypes.{name}'] = dtype_class
+    return allowed
+
+
+def _public_attribute_of(*owners):
+    def restricted_getattr(obj, name):
+        if obj not in owners or not isinstance(name, str) or name.startswith('_'):
+            raise UnsafeCheckpointError(f'refusing getattr({obj!r}, {name!r}) while unpickling')
+        return getattr(obj, name)
+
+    return restricted_getattr
+
+
+class _RunCheckpointUnpickler(pickle.Unpickler):
+    allowed = None
+
+    def find_class(self, module, name):
+        if type(self).allowed is None:
+            type(self).allowed = _run_checkpoint_globals()
+        qualified = f'{module}.{name}'
+        if module == '__builtin__':  # protocol-2 pickles name builtins this way
+            qualified = f'builtins.{name}'
+        if qualified in self.allowed:
+            return self.allowed[qualified]
+        raise UnsafeCheckpointError(
+            f'the checkpoint pickles {qualified}, which is neither a tensor container nor '
+            'mmengine run metadata; refusing to unpickle it')
+
+
+_run_checkpoint_pickle = types.SimpleNamespace(
+    Unpickler=_RunCheckpointUnpickler,
+    load=lambda file, **kwargs: _RunCheckpointUnpickler(file, **kwargs).load(),
+    __name__='linvit_mm_run_checkpoint_pickle')
+
+
+def load_checkpoint_file(path, map_location=None):
+    """Load weights or an mmengine run checkpoint; refuse anything that would run code."""
+    path = osp.expanduser(str(path))
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'{path} can not be found.')
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        pass
+    try:
+        return torch.load(path, map_location=map_location, weights_only=False,
+                          pickle_module=_run_checkpoint_pickle)
+    except UnsafeCheckpointError as err:
+        raise UnsafeCheckpointError(f'{path}: {err}') from None
 
 
 def install_checkpoint_policy():
-    """Route mmengine's local-file checkpoint loading through ``load_local_checkpoint``."""
+    """Route mmengine's local-file checkpoint loading through ``load_checkpoint_file``."""
     from mmengine.runner.checkpoint import CheckpointLoader
-    CheckpointLoader.register_scheme(prefixes='', loader=load_local_checkpoint, force=True)
+    CheckpointLoader.register_scheme(prefixes='', loader=load_checkpoint_file, force=True)

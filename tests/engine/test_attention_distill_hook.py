@@ -13,7 +13,6 @@ from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import linvit_mm.engine  # noqa: F401
-from linvit_mm.engine.launch import setup_checkpoint_trust
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / 'tests' / 'data' / 'configs' / 'tiny_cls_mini.py'
@@ -84,7 +83,6 @@ def make_cfg(work_dir, mini_data_root, ckpt, attn_type='softmax', student_from_t
 
 
 def run(cfg, extra_hooks=()):
-    setup_checkpoint_trust(cfg)
     runner = Runner.from_cfg(cfg)
     recorder = RecordLosses()
     runner.register_hook(recorder)

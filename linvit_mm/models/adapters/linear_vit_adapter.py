@@ -1,6 +1,5 @@
 """ViT-Adapter around a LinearViT of any operator: four feature maps for FPN / UperNet."""
 import math
-import pickle
 import re
 
 import torch
@@ -254,8 +253,9 @@ class LinearViTAdapter(BaseModule):
     def load_vit_checkpoint(self, filename, prefix='backbone.'):
         """Load the ViT strictly from a checkpoint of the classification stage.
 
-        The file is read through mmengine's ``CheckpointLoader`` (weights only,
-        unless the project's tools marked it as the user's own run output). Keys
+        The file is read through mmengine's ``CheckpointLoader``, which
+        ``linvit_mm`` routes through its safe loader (weight files and mmengine run
+        checkpoints load; a pickle carrying code is refused). Keys
         under ``prefix`` must match the ViT exactly: a missing, unexpected or
         mis-shaped one is a ``ValueError`` naming it. A learned ``pos_embed`` of
         another square grid is resized by LinearViT's load hook. Skipped and
@@ -264,14 +264,8 @@ class LinearViTAdapter(BaseModule):
         :meth:`init_weights`, are logged.
         """
         logger = MMLogger.get_current_instance()
-        try:
-            checkpoint = CheckpointLoader.load_checkpoint(filename, map_location='cpu',
-                                                          logger=logger)
-        except pickle.UnpicklingError as err:
-            raise pickle.UnpicklingError(
-                f'{filename} could not be read as weights only. If it is your own training '
-                f'checkpoint, mark it with linvit_mm.utils.checkpoint.trust_checkpoint(path) '
-                f'(the project tools do that for their run outputs). {err}') from err
+        checkpoint = CheckpointLoader.load_checkpoint(filename, map_location='cpu',
+                                                      logger=logger)
         state_dict = checkpoint.get('state_dict', checkpoint)
         vit_state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
         outside = sorted(k for k in state_dict if not k.startswith(prefix))
