@@ -1,5 +1,8 @@
-"""Runner-side pieces: the distillation hook and optimizer wrappers (registered on import)."""
+"""Runner-side pieces: the distillation hook, optimizer wrappers and constructors
+(registered in mmengine's root registries on import, so every scope finds them)."""
 from .hooks import AttentionDistillHook
 from .optim_wrapper import CPUAmpOptimWrapper
+from .optimizers import BackboneLayerDecayOptimWrapperConstructor
 
-__all__ = ['AttentionDistillHook', 'CPUAmpOptimWrapper']
+__all__ = ['AttentionDistillHook', 'BackboneLayerDecayOptimWrapperConstructor',
+           'CPUAmpOptimWrapper']

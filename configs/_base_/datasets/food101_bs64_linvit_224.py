@@ -1,0 +1,8 @@
+# Food-101: 101 classes, read from data/food-101 (docs/datasets.md), resized to 224.
+_base_ = ['./transfer_bs64_linvit_224.py']
+
+data_root = 'data/food-101'
+data_preprocessor = dict(num_classes=101)
+train_dataloader = dict(dataset=dict(type='Food101', data_root=data_root, split='train'))
+val_dataloader = dict(dataset=dict(type='Food101', data_root=data_root, split='test'))
+test_dataloader = val_dataloader

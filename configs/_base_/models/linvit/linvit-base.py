@@ -1,0 +1,31 @@
+_base_ = ['./linvit-classifier.py']
+
+# The Softmax ViT that initialises the student (SoftmaxTransfer) and teaches it
+# (AttentionDistillHook): the official DeiT-Base release,
+#   https://dl.fbaipublicfiles.com/deit/deit_base_patch16_224-b5f2ef4d.pth
+# (any format of docs/transfer.md works). Put it here, or override per run with
+#   --cfg-options model.backbone.init_cfg.checkpoint=PATH \
+#                 custom_hooks.0.teacher.init_cfg.checkpoint=PATH
+softmax_checkpoint = 'checkpoints/deit_base_patch16_224-b5f2ef4d.pth'
+
+model = dict(
+    backbone=dict(
+        arch='base',
+        drop_path_rate=0.1,
+        # 'random' copies nothing; the setting configs change only the setting.
+        init_cfg=dict(
+            type='SoftmaxTransfer', checkpoint=softmax_checkpoint, setting='random')),
+    head=dict(in_channels=768))
+
+# Used by the "-distill" configs: custom_hooks = [{{_base_.distill_hook}}]
+distill_hook = dict(
+    type='AttentionDistillHook',
+    loss_weight=50.0,
+    target='output',
+    teacher=dict(
+        type='LinearViT',
+        arch='base',
+        attn_type='softmax',
+        img_size=224,
+        init_cfg=dict(
+            type='SoftmaxTransfer', checkpoint=softmax_checkpoint, setting='fullcopy')))

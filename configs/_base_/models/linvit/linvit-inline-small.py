@@ -1,0 +1,3 @@
+_base_ = ['./linvit-small.py']
+
+model = dict(backbone=dict(attn_type='inline'))

@@ -1,0 +1,3 @@
+_base_ = ['./linvit-base.py']
+
+model = dict(backbone=dict(attn_type='mhla'))

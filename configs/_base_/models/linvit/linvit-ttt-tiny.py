@@ -1,0 +1,3 @@
+_base_ = ['./linvit-tiny.py']
+
+model = dict(backbone=dict(attn_type='ttt'))

@@ -1,0 +1,11 @@
+_base_ = [
+    '../../_base_/models/linvit/linvit-elu-small.py',
+    '../../_base_/datasets/cifar10_bs64_linvit_224.py',
+    '../../_base_/schedules/transfer_bs512_adamw_300e_linvit.py',
+    'mmpretrain::_base_/default_runtime.py',
+]
+
+model = dict(
+    backbone=dict(init_cfg=dict(setting='mlpcopy')),
+    head=dict(num_classes=10))
+custom_hooks = [{{_base_.distill_hook}}]

@@ -1,0 +1,10 @@
+_base_ = [
+    '../../_base_/models/linvit/linvit-softmax-small.py',
+    '../../_base_/datasets/cifar10_bs64_linvit_224.py',
+    '../../_base_/schedules/transfer_bs512_adamw_300e_linvit.py',
+    'mmpretrain::_base_/default_runtime.py',
+]
+
+model = dict(
+    backbone=dict(init_cfg=dict(setting='fullcopy')),
+    head=dict(num_classes=10))

@@ -1,0 +1,3 @@
+from .backbone_layer_decay import BackboneLayerDecayOptimWrapperConstructor
+
+__all__ = ['BackboneLayerDecayOptimWrapperConstructor']
