@@ -56,6 +56,8 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 
+from linvit_mm.utils.checkpoint import UnsafeCheckpointError, load_checkpoint_file
+
 __all__ = ['SoftmaxCheckpoint', 'load_softmax_checkpoint', 'KNOWN_FORMATS']
 
 KNOWN_FORMATS = {
@@ -247,7 +249,7 @@ def load_softmax_checkpoint(path_or_state, map_location='cpu',
         raise ValueError(f"fc_norm_target must be 'ln1' or 'ln2', got {fc_norm_target!r}")
     if isinstance(path_or_state, (str, os.PathLike)):
         where = os.fspath(path_or_state)
-        raw = _read_weights_only(where, map_location)
+        raw = _read_checkpoint(where, map_location)
     elif isinstance(path_or_state, Mapping):
         where = 'the given checkpoint'
         raw = path_or_state
@@ -283,55 +285,26 @@ def load_softmax_checkpoint(path_or_state, map_location='cpu',
 # --------------------------------------------------------------------------- reading
 
 
-def _data_only_globals():
-    """Classes a weights-only load may rebuild: they only carry data, never run code.
+def _read_checkpoint(path, map_location):
+    """Read a weight file or an mmengine run checkpoint without running code.
 
-    argparse.Namespace is how DeiT, DINO, iBOT and MAE training checkpoints store their
-    'args' (rebuilding one only sets attributes). numpy scalars, dtypes and arrays show
-    up in training metadata (best scores, seeds); numpy 1.x pickles name them under
-    ``numpy.core``, numpy 2.x under ``numpy._core``.
+    ``load_checkpoint_file`` allows tensors, plain containers, numpy data, mmengine's
+    run metadata and argparse namespaces (the ``args`` of DeiT, DINO, iBOT and MAE
+    training checkpoints); any other pickled object is refused.
     """
-    allowed = [argparse.Namespace]
-    try:
-        import numpy as np
-        from numpy._core import multiarray
-    except ImportError:  # numpy 1.x has no numpy._core; torch needs no numpy at all
-        try:
-            import numpy as np
-            from numpy.core import multiarray
-        except ImportError:
-            return allowed
-    for obj in (multiarray.scalar, multiarray._reconstruct):
-        for module in ('numpy.core.multiarray', 'numpy._core.multiarray'):
-            allowed.append((obj, f'{module}.{obj.__name__}'))
-    # numpy 2 pickles a dtype through its class (numpy.dtypes.Float64DType, ...);
-    # numeric and bool ones only: an object dtype would let arrays hold objects.
-    numeric = np.typecodes['AllFloat'] + np.typecodes['AllInteger'] + '?'
-    allowed += [np.ndarray, np.dtype] + list({type(np.dtype(code)) for code in numeric})
-    return allowed
-
-
-def _read_weights_only(path, map_location):
     if not os.path.isfile(path):
         raise FileNotFoundError(f'Softmax ViT checkpoint not found: {path!r}')
     try:
-        with torch.serialization.safe_globals(_data_only_globals()):
-            return torch.load(path, map_location=map_location, weights_only=True)
+        return load_checkpoint_file(path, map_location=map_location)
+    except UnsafeCheckpointError as err:
+        raise ValueError(
+            f'refused to load {err}. Weight files are read without executing '
+            'anything they carry; if you trust this file, load it yourself and pass the '
+            'loaded dict, or its state_dict, to load_softmax_checkpoint.') from None
     except pickle.UnpicklingError as err:
-        refused = re.search(r"GLOBAL ([\w.]+)|but got <class '([\w.]+)'>", str(err))
-        if refused:
-            culprit = refused.group(1) or refused.group(2)
-            raise ValueError(
-                f'{path!r}: refused to load. The pickle references the Python object '
-                f'{culprit!r}, not only tensors and plain containers. External weight '
-                'files are read with torch.load(weights_only=True) so that a pickle '
-                'carrying code is never executed. If you trust this file (e.g. an '
-                'mmengine training checkpoint with message-hub or optimizer objects), '
-                'load it yourself and pass the loaded dict, or its state_dict, to '
-                'load_softmax_checkpoint.') from None
         raise ValueError(f'{path!r} is not a PyTorch checkpoint: torch.load cannot '
                          f'unpickle it ({_last_line(err)}).') from None
-    except (RuntimeError, EOFError, KeyError, OSError) as err:
+    except (RuntimeError, EOFError, KeyError, IndexError, OSError) as err:
         raise ValueError(f'{path!r} is not a PyTorch checkpoint: torch.load cannot '
                          f'read it ({type(err).__name__}: {err}).') from None
 

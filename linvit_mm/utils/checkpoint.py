@@ -13,13 +13,15 @@ mmengine's checkpoint loader in this project:
   weights-only loading refuses. Allow-listing ``builtins.getattr`` wholesale
   would allow arbitrary code, so these files are read by a restricted unpickler:
   torch's weights-only allow-list, plus numpy's array/scalar reconstruction,
-  ``HistoryBuffer``, and ``getattr`` limited to public attributes of
+  ``HistoryBuffer``, ``argparse.Namespace`` (the ``args`` that DeiT, DINO and MAE
+  training checkpoints carry), and ``getattr`` limited to public attributes of
   ``HistoryBuffer``.
 
 Anything else (a pickle naming any other global) is refused with
 ``UnsafeCheckpointError`` naming the global; nothing it carries runs.
 ``install_checkpoint_policy`` routes mmengine's loader for local files here.
 """
+import argparse
 import os.path as osp
 import pickle
 import types
@@ -60,6 +62,9 @@ def _run_checkpoint_globals():
         'mmengine.logging.history_buffer.HistoryBuffer': HistoryBuffer,
         'builtins.getattr': _public_attribute_of(HistoryBuffer),
         'collections.OrderedDict': __import__('collections').OrderedDict,
+        # the ``args`` of DeiT / DINO / iBOT / MAE training checkpoints; rebuilding one
+        # only sets attributes
+        'argparse.Namespace': argparse.Namespace,
     })
     for name in dir(np.dtypes):
         dtype_class = getattr(np.dtypes, name)
@@ -89,7 +94,7 @@ class _RunCheckpointUnpickler(pickle.Unpickler):
         if qualified in self.allowed:
             return self.allowed[qualified]
         raise UnsafeCheckpointError(
-            f'the checkpoint pickles {qualified}, which is neither a tensor container nor '
+            f'the checkpoint pickles {qualified!r}, which is neither a tensor container nor '
             'mmengine run metadata; refusing to unpickle it')
 
 
