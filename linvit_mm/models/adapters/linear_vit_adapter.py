@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule, ModuleList
+from mmengine.registry import DefaultScope
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmpretrain.registry import MODELS
 from torch import nn
@@ -193,7 +194,10 @@ class LinearViTAdapter(BaseModule):
         if with_cp:
             cfg['with_cp'] = True
         cfg.setdefault('type', 'LinearViT')
-        model = MODELS.build(cfg)
+        # Built in mmpretrain's scope, where LinearViT is registered, whatever the
+        # run's default scope is (mmdet, mmseg).
+        with DefaultScope.overwrite_default_scope('mmpretrain'):
+            model = MODELS.build(cfg)
         if not isinstance(model, LinearViT):
             raise TypeError(f'vit must build a LinearViT (its block runner embed/layers is what '
                             f'the adapter drives), got {type(model).__name__}')

@@ -1,0 +1,29 @@
+# A short iteration-based version of the paper's recipe (AdamW, warm-up, cosine, clip 3)
+# on mmpretrain's default runtime.
+_base_ = ['mmpretrain::_base_/default_runtime.py']
+
+optim_wrapper = dict(
+    optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999)),
+    clip_grad=dict(max_norm=3.0),
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0,
+        bias_decay_mult=0.0,
+        flat_decay_mult=0.0,
+        custom_keys={
+            '.cls_token': dict(decay_mult=0.0),
+            '.pos_embed': dict(decay_mult=0.0),
+            '.block_mixing': dict(decay_mult=0.0),
+        }))
+max_iters = 600
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, end=60),
+    dict(type='CosineAnnealingLR', eta_min=1e-6, by_epoch=False, begin=60, end=max_iters),
+]
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
+val_cfg = dict()
+test_cfg = dict()
+default_hooks = dict(
+    logger=dict(type='LoggerHook', interval=50),
+    checkpoint=dict(type='CheckpointHook', interval=max_iters, by_epoch=False))
+log_processor = dict(by_epoch=False)
+randomness = dict(seed=0)

@@ -1,0 +1,15 @@
+# Demo step 2: transfer the Softmax teacher into a linear ViT on a *different* task (the
+# textures set), setting "copy"; every setting trains with the same budget. The
+# operator is relu; --cfg-options model.backbone.attn_type=OP picks another.
+_base_ = [
+    './_base_/linvit-mini.py',
+    './_base_/mini_imagenet_64.py',
+    './_base_/schedule_runtime_mini.py',
+]
+
+data_root = 'data/mini/imagenet_transfer'
+classes = ['checker', 'dots', 'dstripes', 'grid', 'hstripes', 'vstripes']
+train_dataloader = dict(dataset=dict(data_root=data_root, classes=classes))
+val_dataloader = dict(dataset=dict(data_root=data_root, classes=classes))
+test_dataloader = val_dataloader
+model = dict(backbone=dict(attn_type='relu', init_cfg=dict(setting='copy')))
