@@ -50,6 +50,10 @@ class BlockLayout(NamedTuple):
     def padded_w(self):
         return self.cols * self.block_w
 
+    def pads(self, hw_shape):
+        """Whether the ``hw_shape`` grid needs padding to fill the blocks."""
+        return (self.padded_h, self.padded_w) != tuple(hw_shape)
+
 
 def distance_mixing_matrix(num_blocks, mode='linear'):
     """Initial ``M x M`` block-mixing weights: nearer blocks weigh more, columns sum to 1.
@@ -184,72 +188,125 @@ class MultiHeadLinearAttention(BaseAttention):
     def _features(self, q, k):
         return F.relu(q) + self.feature_floor, F.relu(k) + self.feature_floor
 
+    def _stacked_features(self, qk):
+        """``phi`` of a tensor holding queries and keys, in one pass plus an in-place add.
+
+        ``threshold(x, 0, 0)`` is relu, but autograd saves its input rather than its
+        output, so the floor can be added in place.
+        """
+        phi = F.threshold(qk, 0., 0.)
+        return phi.add_(self.feature_floor) if self.feature_floor else phi
+
+    def _local_values(self, patch_values, hw_shape):
+        """Depthwise convolution of ``(B, H*W, C)`` patch values -> ``(B, H*W, C)``.
+
+        The token-major values are already an ``H x W x C`` image: read as a
+        channels-last NCHW view they need no transposing copy, and oneDNN's
+        channels-last depthwise kernel is several times faster than the NCHW one; the
+        output, channels-last too, reads back as tokens without a copy.
+        """
+        B, _, C = patch_values.shape
+        image = patch_values.reshape(B, *hw_shape, C).permute(0, 3, 1, 2)
+        local = self.value_conv(image)
+        return local.permute(0, 2, 3, 1).reshape(B, -1, C)
+
     def _value_conv(self, v, hw_shape, num_extra):
         """Depthwise convolution of the patch values in image layout; zero for extra tokens."""
-        H, W = hw_shape
-        B, _, C = v.shape
-        patches = v[:, num_extra:].transpose(1, 2).reshape(B, C, H, W)
-        local = self.value_conv(patches).flatten(2).transpose(1, 2)
-        return F.pad(local, (0, 0, num_extra, 0))
+        return F.pad(self._local_values(v[:, num_extra:], hw_shape), (0, 0, num_extra, 0))
 
     @staticmethod
     def _to_blocks(t, hw_shape, layout):
-        """``(B, h, H*W, d)`` -> ``(B, h, M, block_h*block_w, d)``, zero-padded."""
-        B, h, _, d = t.shape
+        """``(..., H*W, d)`` -> ``(..., M, block_h*block_w, d)``, zero-padded, one copy."""
+        *lead, _, d = t.shape
         H, W = hw_shape
-        t = t.reshape(B, h, H, W, d)
-        t = F.pad(t, (0, 0, 0, layout.padded_w - W, 0, layout.padded_h - H))
-        t = t.reshape(B, h, layout.rows, layout.block_h, layout.cols, layout.block_w, d)
-        t = t.permute(0, 1, 2, 4, 3, 5, 6)
-        return t.reshape(B, h, layout.num_blocks, layout.block_h * layout.block_w, d)
+        t = t.reshape(*lead, H, W, d)
+        if layout.pads(hw_shape):
+            t = F.pad(t, (0, 0, 0, layout.padded_w - W, 0, layout.padded_h - H))
+        t = t.reshape(*lead, layout.rows, layout.block_h, layout.cols, layout.block_w, d)
+        t = t.transpose(-4, -3)
+        return t.reshape(*lead, layout.num_blocks, layout.block_h * layout.block_w, d)
 
     @staticmethod
-    def _from_blocks(t, hw_shape, layout):
-        """Inverse of :meth:`_to_blocks`, cropping the padded queries."""
+    def _blocks_to_tokens(t, hw_shape, layout):
+        """``(B, h, M, block_h*block_w, d)`` -> ``(B, H*W, h*d)``: padded queries cropped,
+        heads merged, in one copy (two when the grid was padded)."""
         B, h, _, _, d = t.shape
         H, W = hw_shape
         t = t.reshape(B, h, layout.rows, layout.cols, layout.block_h, layout.block_w, d)
-        t = t.permute(0, 1, 2, 4, 3, 5, 6)
-        t = t.reshape(B, h, layout.padded_h, layout.padded_w, d)[:, :, :H, :W]
-        return t.reshape(B, h, H * W, d)
+        t = t.permute(0, 2, 4, 3, 5, 1, 6)                      # (B, rows, bh, cols, bw, h, d)
+        if layout.pads(hw_shape):
+            t = t.reshape(B, layout.padded_h, layout.padded_w, h * d)[:, :H, :W]
+        return t.reshape(B, H * W, h * d)
 
-    def _mixed_linear(self, q, k, v, hw_shape, num_extra):
+    def _padding_mask(self, hw_shape, layout, device, dtype):
+        """``(M, block_h*block_w, 1)``: 1 for real tokens, 0 for the padding."""
+        real = torch.zeros(layout.padded_h, layout.padded_w, device=device, dtype=dtype)
+        real[:hw_shape[0], :hw_shape[1]] = 1.
+        return self._to_blocks(real.reshape(-1, 1), (layout.padded_h, layout.padded_w), layout)
+
+    def _mixed_linear(self, qkv, hw_shape, num_extra):
+        """``(B, N, 3, C)`` queries, keys, values -> attention outputs of the patch tokens
+        ``(B, H*W, C)`` and of the extra tokens ``(B, num_extra, C)`` (``None`` if none).
+
+        One copy takes the patch tokens to block-major head layout. The normaliser rides
+        along with the numerator: ``z_b = phi(K_b)^T 1`` is appended to ``S_b`` as an extra
+        column, so one ``M x M`` mixing and one query product produce both
+        ``phi(q)^T sum_j W_ij S_j`` and ``phi(q)^T sum_j W_ij z_j``.
+        """
         layout = self.block_layout(hw_shape)
-        out_dtype = v.dtype
-        with torch.autocast(device_type=v.device.type, enabled=False):
-            q, k, v, mixing = float32_state(q, k, v, self.block_mixing)
-            q, k = self._features(q, k)
-            # Padding after the feature map makes padded keys exactly zero, whatever
-            # the qkv bias or feature floor.
-            q_blocks, k_blocks, v_blocks = (
-                self._to_blocks(t[:, :, num_extra:], hw_shape, layout) for t in (q, k, v))
-            kv_blocks = k_blocks.transpose(-2, -1) @ v_blocks               # (B, h, M, d, d)
-            k_sum_blocks = k_blocks.sum(dim=-2)                             # (B, h, M, d)
-            q_extra, k_extra, v_extra = (t[:, :, :num_extra] for t in (q, k, v))
-            kv_extra = k_extra.transpose(-2, -1) @ v_extra                  # (B, h, d, d)
-            k_sum_extra = k_extra.sum(dim=-2)                               # (B, h, d)
-
-            # Query and normaliser see the same mixed state: query t of block i
-            # reads sum_j W_ij S_j and sum_j W_ij z_j with its own features.
-            kv_mixed = torch.einsum('ij,bhjde->bhide', mixing, kv_blocks) + kv_extra[:, :, None]
-            k_sum_mixed = (torch.einsum('ij,bhjd->bhid', mixing, k_sum_blocks)
-                           + k_sum_extra[:, :, None])
-            normaliser = q_blocks @ k_sum_mixed.unsqueeze(-1)
-            out_patches = (q_blocks @ kv_mixed) / (normaliser + self.eps)
-            out_patches = self._from_blocks(out_patches, hw_shape, layout)
-
-            kv_total = kv_blocks.sum(dim=2) + kv_extra
-            k_sum_total = k_sum_blocks.sum(dim=2) + k_sum_extra
-            out_extra = (q_extra @ kv_total) / (q_extra @ k_sum_total.unsqueeze(-1) + self.eps)
-            out = torch.cat([out_extra, out_patches], dim=2)
-        return out.to(out_dtype)
+        B = qkv.shape[0]
+        h, d = self.num_heads, self.head_dims
+        out_dtype = qkv.dtype
+        with torch.autocast(device_type=qkv.device.type, enabled=False):
+            patches = qkv[:, num_extra:].reshape(B, -1, 3, h, d).permute(2, 0, 3, 1, 4)
+            blocks, mixing = float32_state(self._to_blocks(patches, hw_shape, layout),
+                                           self.block_mixing)
+            q_blocks, k_blocks = self._stacked_features(blocks[:2]).unbind(0)
+            v_blocks = blocks[2]                                            # (B, h, M, T, d)
+            if layout.pads(hw_shape):
+                # Padded keys would add the feature floor to the normalisers.
+                k_blocks = k_blocks * self._padding_mask(hw_shape, layout, k_blocks.device,
+                                                         k_blocks.dtype)
+            state = torch.cat([k_blocks.transpose(-2, -1) @ v_blocks,
+                               k_blocks.sum(dim=-2).unsqueeze(-1)], dim=-1)  # (B, h, M, d, d+1)
+            # A batched (M x M) @ (M x d(d+1)) product; a plain 2-D @ would be run
+            # transposed, with copies in and out.
+            mixing = mixing.expand(B, h, *mixing.shape)
+            mixed = (mixing @ state.flatten(-2)).unflatten(-1, (d, d + 1))
+            if num_extra:
+                extra = qkv[:, :num_extra].reshape(B, num_extra, 3, h, d).permute(2, 0, 3, 1, 4)
+                extra = float32_state(extra)[0]
+                q_extra, k_extra = self._stacked_features(extra[:2]).unbind(0)
+                extra_state = torch.cat([k_extra.transpose(-2, -1) @ extra[2],
+                                         k_extra.sum(dim=-2).unsqueeze(-1)], dim=-1)
+                # Extra tokens are global: added unmixed to what every block reads.
+                mixed = mixed + extra_state.unsqueeze(2)
+            read = q_blocks @ mixed                                         # (B, h, M, T, d+1)
+            out = self._blocks_to_tokens(read[..., :d] / (read[..., d:] + self.eps),
+                                         hw_shape, layout)
+            if num_extra:
+                # Extra queries read the unmixed sum over every token.
+                read = q_extra @ (state.sum(dim=2) + extra_state)
+                out_extra = self.merge_heads(read[..., :d] / (read[..., d:] + self.eps))
+        return out.to(out_dtype), out_extra.to(out_dtype) if num_extra else None
 
     def forward(self, x, hw_shape, return_map=False):
         if return_map:
             self.attention_map(x, hw_shape)
-        (q, k, v), values, num_extra = self._split(x, hw_shape)
-        out = self.merge_heads(self._mixed_linear(q, k, v, hw_shape, num_extra))
-        out = out + self._value_conv(values, hw_shape, num_extra)
+        num_extra = self.num_extra_tokens(x, hw_shape)
+        self.block_layout(hw_shape)  # rejects an empty grid before any work
+        qkv = self.qkv(x)
+        values = qkv[..., 2 * self.embed_dims:]
+        if isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity):
+            qkv = qkv.unflatten(-1, (3, self.embed_dims))
+        else:
+            q, k, _ = qkv.chunk(3, dim=-1)
+            qkv = torch.stack([self.q_norm(q), self.k_norm(k), values], dim=2)
+        out, out_extra = self._mixed_linear(qkv, hw_shape, num_extra)
+        out = out + self._local_values(values[:, num_extra:], hw_shape)
+        if out_extra is not None:
+            # The value convolution touches patch tokens only.
+            out = torch.cat([out_extra, out], dim=1)
         return self.proj_drop(self.proj(out))
 
     def mixing_weights(self, hw_shape, num_extra=0):
