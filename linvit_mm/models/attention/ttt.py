@@ -44,11 +44,6 @@ def _normalise_gradient(grad, dim):
     return grad / (grad.norm(dim=dim, keepdim=True) + 1.)
 
 
-def _silu_derivative(z):
-    sig = torch.sigmoid(z)
-    return sig * (1. + z * (1. - sig))
-
-
 def _swiglu(tokens, w1, w2):
     return (tokens @ w1) * F.silu(tokens @ w2)
 
@@ -117,62 +112,90 @@ class TTTAttention(BaseAttention):
         centre tap and the bias.
         """
         num_extra = self.num_extra_tokens(x, hw_shape)
-        B, N, C = x.shape
-        grid = x[:, num_extra:].transpose(1, 2).reshape(B, C, *hw_shape)
-        patch_code = self.cpe(grid).flatten(2).transpose(1, 2)
+        patch_code = self._token_conv(x[:, num_extra:], hw_shape, self.cpe)
+        if not num_extra:
+            return x + patch_code
         extra_code = x[:, :num_extra] * self.cpe.weight[:, 0, 1, 1] + self.cpe.bias
         return x + torch.cat([extra_code, patch_code], dim=1)
 
-    def _split(self, qkv):
-        """``(B, N, 3C + 3d)`` -> SwiGLU ``q, k, v`` ``(B, heads, N, d)`` and conv ``(B, N, d)``."""
-        C = self.embed_dims
-        swiglu_qkv = self.split_heads(qkv[..., :3 * C])
-        conv_qkv = qkv[..., 3 * C:].chunk(3, dim=-1)
-        return float32_state(*swiglu_qkv), float32_state(*conv_qkv)
+    @staticmethod
+    def _grid(tokens, hw_shape):
+        """``(B, H*W, c)`` tokens as a ``(B, c, H, W)`` image, without a copy.
+
+        The result is a channels-last view; oneDNN's channels-last depthwise kernels are
+        faster than the NCHW ones and their output reads back as tokens for free.
+        """
+        B, _, c = tokens.shape
+        return tokens.reshape(B, *hw_shape, c).permute(0, 3, 1, 2)
+
+    @staticmethod
+    def _tokens(image):
+        """``(B, c, H, W)`` -> ``(B, H*W, c)``; a view for channels-last images."""
+        B, c = image.shape[:2]
+        return image.permute(0, 2, 3, 1).reshape(B, -1, c)
+
+    def _token_conv(self, tokens, hw_shape, conv):
+        return self._tokens(conv(self._grid(tokens, hw_shape)))
 
     # ---- fast form: closed-form inner gradients, batched over images and heads -------------
 
     def _swiglu_step(self, k, v):
-        """One normalised gradient step per image and head: ``(B, heads, d, d)`` x 2."""
-        w1, w2 = float32_state(self.w1, self.w2)
-        z1, z2 = k @ w1, k @ w2
-        # dL/dF(k_i) = -scale / n * v_i
-        dloss_dout = v * (-self.inner_scale / k.shape[-2])
-        k_t = k.transpose(-2, -1)
-        grad_w1 = k_t @ (dloss_dout * F.silu(z2))
-        grad_w2 = k_t @ (dloss_dout * z1 * _silu_derivative(z2))
-        return (w1 - _normalise_gradient(grad_w1, -2), w2 - _normalise_gradient(grad_w2, -2))
+        """One normalised gradient step per image and head: ``[W1' | W2']``, ``(B, heads, d, 2d)``.
+
+        W1 and W2 side by side make each token product one matmul, and their column norms
+        are unchanged by the concatenation.
+        """
+        d = self.head_dims
+        w12 = torch.cat(float32_state(self.w1, self.w2), dim=-1)
+        z = k @ w12
+        z1, z2 = z[..., :d], z[..., d:]
+        gate = torch.sigmoid(z2)
+        silu = z2 * gate
+        # silu'(z) = sig(z) (1 + z (1 - sig(z))) = sig(z) + silu(z) (1 - sig(z))
+        silu_grad = torch.addcmul(gate, silu, 1. - gate)
+        # dF/dW1 and dF/dW2 times dL/dF(k_i) = -scale / n * v_i; the scale is applied to the
+        # d x d sums rather than to the n x d values.
+        grad = k.transpose(-2, -1) @ torch.cat([v * silu, v * z1 * silu_grad], dim=-1)
+        grad = grad * (-self.inner_scale / k.shape[-2])
+        return w12 - _normalise_gradient(grad, -2)
 
     def _conv_step(self, k_grid, v_grid):
-        """One normalised gradient step of the depthwise kernel per image: ``(B, d, 3, 3)``."""
-        B, d, H, W = k_grid.shape
-        dloss_dout = v_grid.reshape(B, d, H * W) * (-self.inner_scale / (H * W))
-        # dL/dW3[c, tap] = sum_p k[c, p + tap] * dL/dout[c, p]: unfold lists the 9 shifted keys.
-        shifted_keys = F.unfold(k_grid, kernel_size=3, padding=1).view(B, d, 9, H * W)
-        grad_w3 = torch.einsum('bctp,bcp->bct', shifted_keys, dloss_dout).view(B, d, 3, 3)
-        (w3, ) = float32_state(self.w3)
-        return w3.view(1, d, 3, 3) - _normalise_gradient(grad_w3, (-2, -1))
+        """One normalised gradient step of the depthwise kernel per image: ``(B, d, 3, 3)``.
 
-    @staticmethod
-    def _conv_read(q_grid, w3):
+        ``dL/dW3[c, tap] = -scale / n * sum_p k[c, p + tap] v[c, p]`` correlates each
+        channel's zero-padded keys with its values: a grouped convolution of the keys whose
+        ``H x W`` kernel is the values, one group per image and channel.
+        """
+        B, d, H, W = k_grid.shape
+        grad = F.conv2d(k_grid.reshape(1, B * d, H, W), v_grid.reshape(B * d, 1, H, W),
+                        padding=1, groups=B * d)
+        grad = grad.view(B, d, 3, 3) * (-self.inner_scale / (H * W))
+        (w3, ) = float32_state(self.w3)
+        return w3.view(1, d, 3, 3) - _normalise_gradient(grad, (-2, -1))
+
+    def _conv_read(self, q_grid, w3):
         """Each image's own depthwise kernel on its queries: ``(B, d, H, W)`` -> ``(B, HW, d)``."""
         B, d, H, W = q_grid.shape
         out = F.conv2d(q_grid.reshape(1, B * d, H, W), w3.reshape(B * d, 1, 3, 3), padding=1,
                        groups=B * d)
-        return out.view(B, d, H * W).transpose(1, 2)
+        return self._tokens(out.reshape(B, d, H, W))
 
     def _inner(self, qkv, num_extra, hw_shape):
-        (q, k, v), (q_conv, k_conv, v_conv) = self._split(qkv)
-        w1, w2 = self._swiglu_step(k, v)
-        swiglu_out = self.merge_heads(_swiglu(q, w1, w2))
+        C, d = self.embed_dims, self.head_dims
+        q, k, v = float32_state(*self.split_heads(qkv[..., :3 * C]))
+        w12 = self._swiglu_step(k, v)
+        z = q @ w12
+        swiglu_out = z[..., :d] * F.silu(z[..., d:])                     # (B, heads, N, d)
 
-        def to_grid(t):
-            return t[:, num_extra:].transpose(1, 2).reshape(t.shape[0], -1, *hw_shape)
-
-        w3 = self._conv_step(to_grid(k_conv), to_grid(v_conv))
-        extra_out = q_conv[:, :num_extra] * w3[:, None, :, 1, 1]
-        conv_out = torch.cat([extra_out, self._conv_read(to_grid(q_conv), w3)], dim=1)
-        return torch.cat([swiglu_out, conv_out], dim=-1)
+        q_conv, k_conv, v_conv = float32_state(*qkv[..., 3 * C:].chunk(3, dim=-1))
+        w3 = self._conv_step(self._grid(k_conv[:, num_extra:], hw_shape),
+                             self._grid(v_conv[:, num_extra:], hw_shape))
+        conv_out = self._conv_read(self._grid(q_conv[:, num_extra:], hw_shape), w3)
+        if num_extra:
+            extra_out = q_conv[:, :num_extra] * w3[:, None, :, 1, 1]
+            conv_out = torch.cat([extra_out, conv_out], dim=1)
+        # The heads and the conv head side by side in one copy: (B, N, heads + 1, d).
+        return torch.cat([swiglu_out.transpose(1, 2), conv_out.unsqueeze(2)], dim=2).flatten(2)
 
     def forward(self, x, hw_shape, return_map=False):
         if return_map:
