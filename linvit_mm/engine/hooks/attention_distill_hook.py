@@ -59,7 +59,7 @@ def _attention_modules(model):
     return [m for m in model.modules() if isinstance(m, BaseAttention)]
 
 
-def _patch_aligned(student, teacher, patch_only):
+def align_tokens(student, teacher, patch_only):
     """Align token axes: compare patch tokens only where the student has no class token
     (or when asked); patch tokens sit at the end of both sequences."""
     n_student, n_teacher = student.shape[-2], teacher.shape[-2]
@@ -239,8 +239,8 @@ class AttentionDistillHook(Hook):
                 student_value, teacher_value = _align_maps(student_value, teacher_value,
                                                            self.patch_tokens_only)
             else:
-                student_value, teacher_value = _patch_aligned(student_value, teacher_value,
-                                                              self.patch_tokens_only)
+                student_value, teacher_value = align_tokens(student_value, teacher_value,
+                                                            self.patch_tokens_only)
             loss = loss + F.mse_loss(student_value.float(), teacher_value.float())
         output = dict(output)
         if 'loss' in output:

@@ -1,0 +1,267 @@
+#!/usr/bin/env python
+"""Benchmark LinearViTAdapter (ViT-Adapter + LinearViT) forward for every attention operator.
+
+Issue #7 cost target: at detection size (1333 x 800) the adapter + backbone forward of
+each linear operator is faster than that of the Softmax one (global attention),
+measured side by side.
+
+For each operator (softmax, elu, relu, inline, mhla, ttt) a ``LinearViTAdapter`` with
+the ViT-Adapter defaults of its width (ViT-Adapter-S for ``--arch small``: deformable
+heads 6, ratio 1.0, 4 points, ConvFFN 0.25, extra extractors, ViT features added, the
+ViT built for 224 px and its learned position embedding interpolated to the grid) is
+run in ``eval()`` under ``no_grad``, batch 1, float32, on a random image of
+``--size W H``, padded bottom/right to a multiple of 32 as mmdet's
+``DetDataPreprocessor`` (``pad_size_divisor=32``) does: 1333 x 800 becomes 1344 x 800,
+a 84 x 50 grid of 4200 patch tokens.
+
+Repetitions are interleaved: every repetition runs every operator once, the order
+rotated by one per repetition, so load from other jobs on a shared machine hits all
+operators alike; times are medians over ``--repeats`` repetitions after ``--warmup``.
+
+The time is split by forward hooks on the twelve ViT blocks (``vit.layers``), which the
+adapter calls one group at a time: ``vit_blocks_ms`` is their summed wall time inside
+the adapter forward, ``adapter_ms`` everything else (spatial prior module, patch
+embedding, injectors, extractors, output upsampling and norms).
+
+Example::
+
+    python tools/analysis_tools/benchmark_adapter.py --threads 2
+    python tools/analysis_tools/benchmark_adapter.py --device cuda --repeats 20
+"""
+import argparse
+import csv
+import json
+import logging
+import statistics
+import time
+from datetime import datetime, timezone
+
+import torch
+
+OPERATORS = ('softmax', 'elu', 'relu', 'inline', 'mhla', 'ttt')
+REFERENCE = 'softmax'
+PAD_DIVISOR = 32  # mmdet's DetDataPreprocessor pad_size_divisor in the Mask R-CNN configs
+CSV_COLUMNS = ('operator', 'width', 'height', 'padded_width', 'padded_height', 'patch_tokens',
+               'total_ms', 'vit_blocks_ms', 'adapter_ms', 'speedup', 'speedup_vit_blocks',
+               'total_samples_ms', 'repeats', 'warmup', 'threads', 'device')
+
+
+def parse_arch(text):
+    text = text.strip()
+    if text.startswith('{'):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f'--arch {text!r} is not valid JSON: {err}') from None
+    return text
+
+
+def synchronise(device):
+    if torch.device(device).type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def padded(length, divisor=PAD_DIVISOR):
+    return -(-length // divisor) * divisor
+
+
+def build_adapter(attn_type, arch, device):
+    from mmengine.logging import MMLogger
+
+    from linvit_mm.models.adapters import LinearViTAdapter
+    model = LinearViTAdapter(vit=dict(arch=arch, attn_type=attn_type, img_size=224))
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # init_weights logs every parameter
+    try:
+        model.init_weights()
+    finally:
+        logger.setLevel(level)
+    return model.to(device).eval()
+
+
+class BlockClock:
+    """Summed wall time of the ViT blocks, via hooks around each block's forward."""
+
+    def __init__(self, blocks, device):
+        self.device = device
+        self.total = 0.
+        self._start = None
+        self.handles = []
+        for block in blocks:
+            self.handles.append(block.register_forward_pre_hook(self._begin))
+            self.handles.append(block.register_forward_hook(self._end))
+
+    def _begin(self, *args):
+        synchronise(self.device)
+        self._start = time.perf_counter()
+
+    def _end(self, *args):
+        synchronise(self.device)
+        self.total += time.perf_counter() - self._start
+
+    def take(self):
+        total, self.total = self.total, 0.
+        return total
+
+
+@torch.no_grad()
+def timed_forward(model, clock, images, device):
+    clock.take()
+    synchronise(device)
+    start = time.perf_counter()
+    outs = model(images)
+    synchronise(device)
+    total = time.perf_counter() - start
+    return total, clock.take(), outs
+
+
+def rotated(items, shift):
+    shift %= len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
+def benchmark(operators, arch, size, device, repeats, warmup, log=print):
+    width, height = size
+    pad_w, pad_h = padded(width), padded(height)
+    torch.manual_seed(0)
+    images = torch.randn(1, 3, pad_h, pad_w, device=device)
+    models, clocks = {}, {}
+    for op in operators:
+        models[op] = build_adapter(op, arch, device)
+        clocks[op] = BlockClock(models[op].vit.layers, device)
+    patch = models[operators[0]].vit.patch_size
+    samples = {op: [] for op in operators}
+    block_samples = {op: [] for op in operators}
+    for rep in range(warmup + repeats):
+        for op in rotated(operators, rep):
+            total, blocks, outs = timed_forward(models[op], clocks[op], images, device)
+            del outs
+            if rep >= warmup:
+                samples[op].append(total)
+                block_samples[op].append(blocks)
+        if rep >= warmup:
+            log(f'repeat {rep - warmup + 1}/{repeats}: ' + '  '.join(
+                f'{op} {samples[op][-1] * 1e3:.0f}' for op in operators) + ' ms')
+    rows = []
+    for op in operators:
+        total = statistics.median(samples[op])
+        blocks = statistics.median(block_samples[op])
+        rows.append(dict(operator=op, width=width, height=height, padded_width=pad_w,
+                         padded_height=pad_h, patch_tokens=(pad_h // patch) * (pad_w // patch),
+                         total_ms=total * 1e3, vit_blocks_ms=blocks * 1e3,
+                         adapter_ms=statistics.median(
+                             t - b for t, b in zip(samples[op], block_samples[op])) * 1e3,
+                         total_samples_ms=[t * 1e3 for t in samples[op]]))
+    add_speedups(rows)
+    return rows
+
+
+def add_speedups(rows):
+    reference = next((row for row in rows if row['operator'] == REFERENCE), None)
+    for row in rows:
+        if reference is None:
+            row['speedup'] = row['speedup_vit_blocks'] = None
+            continue
+        row['speedup'] = reference['total_ms'] / row['total_ms']
+        row['speedup_vit_blocks'] = reference['vit_blocks_ms'] / row['vit_blocks_ms']
+
+
+def _fmt(value, spec):
+    return '-' if value is None else format(value, spec)
+
+
+def format_table(rows):
+    lines = ['| operator | adapter + backbone ms | ViT blocks ms | adapter rest ms | '
+             'speed-up vs softmax | ViT-block speed-up |',
+             '|---|---:|---:|---:|---:|---:|']
+    for row in rows:
+        lines.append(f'| {row["operator"]} | {row["total_ms"]:.0f} | {row["vit_blocks_ms"]:.0f} '
+                     f'| {row["adapter_ms"]:.0f} | {_fmt(row["speedup"], ".2f")} | '
+                     f'{_fmt(row["speedup_vit_blocks"], ".2f")} |')
+    return '\n'.join(lines)
+
+
+def evaluate_target(rows):
+    """Issue #7: every linear operator's forward is faster than softmax's."""
+    by_op = {row['operator']: row for row in rows}
+    if REFERENCE not in by_op:
+        return None, ['softmax not measured: no comparison']
+    lines, passed = [], True
+    for op, row in by_op.items():
+        if op == REFERENCE:
+            continue
+        ok = row['total_ms'] < by_op[REFERENCE]['total_ms']
+        passed &= ok
+        lines.append(f'{op}: {row["total_ms"]:.0f} ms vs softmax '
+                     f'{by_op[REFERENCE]["total_ms"]:.0f} ms -> {"PASS" if ok else "FAIL"}')
+    return passed, lines
+
+
+def write_csv(rows, path, repeats, warmup, device):
+    with open(path, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, 'total_samples_ms': ' '.join(
+                f'{t:.1f}' for t in row['total_samples_ms']), 'repeats': repeats,
+                'warmup': warmup, 'threads': torch.get_num_threads(), 'device': device})
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description='LinearViTAdapter forward time per attention operator, side by side')
+    parser.add_argument('--size', nargs=2, type=int, default=(1333, 800), metavar=('W', 'H'),
+                        help='image width and height before padding to a multiple of 32 '
+                        '(default: 1333 800, the Mask R-CNN 1x scale)')
+    parser.add_argument('--arch', default='small', type=parse_arch,
+                        help='LinearViT arch name or a JSON dict (default: small)')
+    parser.add_argument('--operators', nargs='+', default=list(OPERATORS),
+                        help=f'operators to compare (default: all: {" ".join(OPERATORS)})')
+    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--threads', type=int, default=None,
+                        help='torch intra-op threads (default: torch default)')
+    parser.add_argument('--csv', dest='csv_path', default=None, help='write the rows here')
+    args = parser.parse_args(argv)
+    from linvit_mm.models.attention import ATTENTIONS
+    unknown = [op for op in args.operators if op not in ATTENTIONS]
+    if unknown:
+        parser.error(f'unknown operators {unknown}; valid: {", ".join(sorted(ATTENTIONS))}')
+    if len(set(args.operators)) != len(args.operators):
+        parser.error(f'--operators lists an operator twice: {args.operators}')
+    if args.repeats < 1 or args.warmup < 0 or min(args.size) < 1:
+        parser.error('--repeats and --size must be >= 1, --warmup >= 0')
+    if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available():
+        parser.error('--device cuda: CUDA is not available on this machine')
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    width, height = args.size
+    print(f'LinearViTAdapter forward, arch {args.arch}, {width}x{height} padded to '
+          f'{padded(width)}x{padded(height)}, batch 1, fp32, eval/no_grad, {args.device}, '
+          f'{torch.get_num_threads()} threads, {args.repeats} repeats after {args.warmup} '
+          f'warm-up ({datetime.now(timezone.utc).isoformat(timespec="seconds")})')
+    rows = benchmark(args.operators, args.arch, args.size, args.device, args.repeats,
+                     args.warmup)
+    print()
+    print(f'{rows[0]["patch_tokens"]} patch tokens')
+    print(format_table(rows))
+    passed, lines = evaluate_target(rows)
+    print()
+    print('\n'.join(lines))
+    if passed is not None:
+        print(f'issue #7 target (every linear operator faster than softmax): '
+              f'{"PASS" if passed else "FAIL"}')
+    if args.csv_path:
+        write_csv(rows, args.csv_path, args.repeats, args.warmup, args.device)
+    return rows, passed
+
+
+if __name__ == '__main__':
+    main()
