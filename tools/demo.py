@@ -212,7 +212,7 @@ def main(argv=None):
             f'test_dataloader.dataset.data_root={ade}',
             f'train_cfg.max_iters={args.seg_iters}', f'train_cfg.val_interval={args.seg_iters}',
             f'default_hooks.checkpoint.interval={args.seg_iters}',
-            f'param_scheduler.1.end={args.seg_iters}']
+            f'param_scheduler.1.end={args.seg_iters}']  # warm-up: the first 20 iterations
         seg_dir = osp.join(work, f'upernet_{args.attn_type}')
         log(f'    UperNet + adapter on mini ADE20K ({args.seg_iters} iterations)')
         seg_ckpt = train(SEG_CONFIG, seg_dir, seg_options, args.force)
