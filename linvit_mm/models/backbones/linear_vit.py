@@ -9,7 +9,7 @@ import torch.utils.checkpoint as cp
 from mmcv.cnn.bricks.drop import DropPath
 from mmcv.cnn.bricks.transformer import FFN, PatchEmbed
 from mmengine.model import BaseModule, ModuleList
-from mmengine.model.weight_init import initialize, trunc_normal_
+from mmengine.model.weight_init import trunc_normal_
 from mmpretrain.models.backbones.base_backbone import BaseBackbone
 from mmpretrain.models.utils import build_norm_layer, resize_pos_embed, to_2tuple
 from mmpretrain.registry import MODELS
@@ -116,9 +116,10 @@ class LinearViT(BaseBackbone):
             class token and the first ``frozen_stages`` blocks (-1: nothing).
         interpolate_mode (str): position-embedding resize mode.
         with_cp (bool): gradient checkpointing of every block.
-        init_cfg (dict | list[dict], optional): applied **after** the default
-            initialisation, so checkpoint-based initialisers (``Pretrained``,
-            ``SoftmaxTransfer``) are never overwritten by it.
+        init_cfg (dict | list[dict], optional): applied by ``init_weights`` on top
+            of the DeiT/timm default initialisation done at construction, so
+            checkpoint-based initialisers (``Pretrained``, ``SoftmaxTransfer``) are
+            never overwritten by it.
     """
 
     arch_zoo = {
@@ -227,6 +228,11 @@ class LinearViT(BaseBackbone):
         if final_norm:
             self.ln1 = build_norm_layer(norm_cfg, self.embed_dims)
 
+        # The DeiT/timm default initialisation happens here, at construction (as in
+        # timm), so that ``init_weights`` only applies ``init_cfg`` on top of it and a
+        # checkpoint-based initialiser (Pretrained, SoftmaxTransfer) is never undone.
+        self._init_default_weights()
+
         self.frozen_stages = frozen_stages
         if frozen_stages > 0:
             self._freeze_stages()
@@ -258,23 +264,8 @@ class LinearViT(BaseBackbone):
             normalised.append(resolved)
         return normalised
 
-    def init_weights(self):
-        """DeiT/timm default initialisation, then ``init_cfg`` on top of it.
-
-        mmengine runs a module's own ``init_cfg`` before its children's init, so a
-        checkpoint copied by an initialiser would be overwritten by the defaults;
-        here the order is reversed.
-        """
-        init_cfg, self.init_cfg = self.init_cfg, None
-        try:
-            super().init_weights()
-        finally:
-            self.init_cfg = init_cfg
-        self._init_default_weights()
-        if init_cfg:
-            initialize(self, init_cfg)
-
     def _init_default_weights(self):
+        """timm's ViT init for the standard tensors; operator extras keep their own."""
         for layer in self.layers:
             standard = [layer.attn.qkv, layer.attn.proj]
             standard += [m for m in layer.ffn.modules() if isinstance(m, nn.Linear)]
