@@ -254,7 +254,9 @@ def step_mmcv(env, order):
     else:
         build_mmcv_wheel(env, flavour, cache_dir)
         wheels = list(cache_dir.glob('mmcv-*.whl'))
-    env.pip('mmcv-install', 'install', '--no-deps', '--force-reinstall', wheels[0],
+    # With its dependencies (mmengine, opencv, ...) pinned by the constraints, so that
+    # the ops can be checked right away.
+    env.pip('mmcv-install', 'install', '--force-reinstall', '-c', CONSTRAINTS, wheels[0],
             env=pip_env())
     env.py('import mmcv.ops, torch; '
            'from mmcv.ops import nms; '
