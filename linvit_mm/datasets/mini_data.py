@@ -76,19 +76,24 @@ ADE20K_LEADING_CLASSES = ('wall', 'building', 'sky', 'floor', 'tree', 'ceiling',
 
 SHAPE_KINDS = ('circle', 'square', 'triangle', 'cross', 'star', 'ring')
 TEXTURE_KINDS = ('hstripes', 'vstripes', 'dstripes', 'checker', 'dots', 'grid')
-CLS_TASKS = {'shapes': SHAPE_KINDS, 'textures': TEXTURE_KINDS}
+# A coarser labelling of the same shapes, for transfer from a shapes model in the low-data
+# regime where a pre-trained initialisation matters: each image shows one shape of its group.
+SHAPE_GROUPS = {'round': ('circle', 'ring'), 'cornered': ('square', 'triangle'),
+                'spiky': ('star', 'cross')}
+CLS_TASKS = {'shapes': SHAPE_KINDS, 'textures': TEXTURE_KINDS,
+             'shape-groups': tuple(SHAPE_GROUPS)}
 # Shapes need more examples than textures: a 4-block, 96-wide ViT (patch 8) trained from
 # scratch for 300 iterations of 32 images reaches 54-63% val accuracy on shapes with 40 a
 # class (chance 17%) and 94% on textures with 16 a class. The small textures set is also a
 # low-data transfer target, where a pre-trained initialisation can show.
-DEFAULT_TRAIN_PER_CLASS = {'shapes': 40, 'textures': 16}
+DEFAULT_TRAIN_PER_CLASS = {'shapes': 40, 'textures': 16, 'shape-groups': 8}
 # Shapes that are simple polygons, so a COCO polygon and a label map describe them exactly.
 DENSE_SHAPE_KINDS = ('circle', 'square', 'triangle', 'cross', 'star')
 
 ImageSize = Union[int, Sequence[int]]
 
 # Salts keep the random streams of different generators and splits apart for one seed.
-_STREAM_SALT = {'shapes': 11, 'textures': 12, 'coco': 21, 'ade': 31}
+_STREAM_SALT = {'shapes': 11, 'textures': 12, 'shape-groups': 13, 'coco': 21, 'ade': 31}
 _SPLIT_SALT = {'train': 1, 'val': 2}
 
 
@@ -191,6 +196,11 @@ def _polygon_mask(polygon: np.ndarray, width: int, height: int) -> np.ndarray:
     mask = Image.new('L', (width, height), 0)
     ImageDraw.Draw(mask).polygon([tuple(p) for p in polygon], fill=1)
     return np.asarray(mask, dtype=bool)
+
+
+def _draw_group_image(rng, group, width, height) -> Image.Image:
+    kinds = SHAPE_GROUPS[group]
+    return _draw_shape_image(rng, kinds[rng.integers(len(kinds))], width, height)
 
 
 def _draw_shape_image(rng, kind, width, height) -> Image.Image:
@@ -381,7 +391,7 @@ def _generate(root, params: dict, writer) -> dict:
 
 # ----------------------------------------------------------------------------- ImageNet
 def make_mini_imagenet(root,
-                       num_classes: int = 6,
+                       num_classes: Optional[int] = None,
                        train_per_class: Optional[int] = None,
                        val_per_class: int = 8,
                        img_size: ImageSize = 64,
@@ -391,15 +401,18 @@ def make_mini_imagenet(root,
 
     Args:
         root: directory to create (its parent is created too).
-        num_classes: the first ``num_classes`` kinds of ``task`` (at most 6); labels
-            number them in sorted name order.
+        num_classes: the first ``num_classes`` kinds of ``task`` (default: all of them, 6
+            for shapes and textures, 3 for shape groups); labels number them in sorted name
+            order.
         train_per_class: training images per class; ``None`` picks the task's default
             (``DEFAULT_TRAIN_PER_CLASS``).
         val_per_class: validation images per class.
         img_size: ``int`` or ``(width, height)``, at least 16 pixels.
         seed: all pixels and file bytes are a function of the parameters and this seed.
-        task: ``'shapes'`` (one coloured shape on a smooth background) or ``'textures'``
-            (a periodic pattern filling the image): two different problems for transfer.
+        task: ``'shapes'`` (one coloured shape on a smooth background), ``'textures'``
+            (a periodic pattern filling the image) or ``'shape-groups'`` (the shapes
+            labelled by group: round, cornered, spiky; few images a class): problems to
+            pre-train on and transfer to.
 
     Returns:
         dict with ``root``, ``format='imagenet'``, ``task``, ``classes`` (label order),
@@ -408,7 +421,8 @@ def make_mini_imagenet(root,
     if task not in CLS_TASKS:
         raise ValueError(f'task must be one of {tuple(CLS_TASKS)}, got {task!r}')
     kinds = CLS_TASKS[task]
-    num_classes = _check_int('num_classes', num_classes, 2, len(kinds))
+    num_classes = _check_int('num_classes', len(kinds) if num_classes is None else num_classes,
+                             2, len(kinds))
     if train_per_class is None:
         train_per_class = DEFAULT_TRAIN_PER_CLASS[task]
     train_per_class = _check_int('train_per_class', train_per_class)
@@ -418,7 +432,8 @@ def make_mini_imagenet(root,
     # Labels follow the sorted folder names, which is the order mmpretrain's CustomDataset
     # assigns when it scans the folders without an annotation file: both modes then agree.
     classes = sorted(kinds[:num_classes])
-    draw = _draw_shape_image if task == 'shapes' else _draw_texture_image
+    draw = {'shapes': _draw_shape_image, 'textures': _draw_texture_image,
+            'shape-groups': _draw_group_image}[task]
     params = dict(format='imagenet', version=FORMAT_VERSION, task=task, num_classes=num_classes,
                   train_per_class=train_per_class, val_per_class=val_per_class,
                   img_size=[width, height], seed=seed)
@@ -612,15 +627,17 @@ def make_mini_ade(root,
 
 
 # ----------------------------------------------------------------------------- all of them
-MINI_SETS = ('imagenet', 'imagenet_transfer', 'coco', 'ade')
-SET_GROUPS = {'cls': ('imagenet', 'imagenet_transfer'), 'coco': ('coco',), 'ade': ('ade',)}
+MINI_SETS = ('imagenet', 'imagenet_transfer', 'imagenet_groups', 'coco', 'ade')
+SET_GROUPS = {'cls': ('imagenet', 'imagenet_transfer', 'imagenet_groups'), 'coco': ('coco',),
+              'ade': ('ade',)}
 
 
 def make_mini_all(root, seed: int = 0, only: Optional[str] = None) -> Dict[str, dict]:
     """Write the default mini sets under ``root``; return ``{set name: summary}``.
 
-    ``root/imagenet`` (shapes), ``root/imagenet_transfer`` (textures), ``root/coco`` and
-    ``root/ade``. ``only`` is one of ``'cls'``, ``'coco'``, ``'ade'`` to write a subset.
+    ``root/imagenet`` (shapes), ``root/imagenet_transfer`` (textures),
+    ``root/imagenet_groups`` (shape groups, 8 training images a class, 16 for validation),
+    ``root/coco`` and ``root/ade``. ``only`` is one of ``'cls'``, ``'coco'``, ``'ade'`` to write a subset.
     """
     if only is not None and only not in SET_GROUPS:
         raise ValueError(f'only must be None or one of {tuple(SET_GROUPS)}, got {only!r}')
@@ -631,6 +648,9 @@ def make_mini_all(root, seed: int = 0, only: Optional[str] = None) -> Dict[str, 
                                             task='shapes'),
         imagenet_transfer=lambda: make_mini_imagenet(osp.join(root, 'imagenet_transfer'),
                                                      seed=seed, task='textures'),
+        imagenet_groups=lambda: make_mini_imagenet(osp.join(root, 'imagenet_groups'),
+                                                   seed=seed, task='shape-groups',
+                                                   val_per_class=16),
         coco=lambda: make_mini_coco(osp.join(root, 'coco'), seed=seed),
         ade=lambda: make_mini_ade(osp.join(root, 'ade'), seed=seed))
     return {name: makers[name]() for name in wanted}

@@ -201,7 +201,7 @@ def test_foreign_directory_is_not_overwritten(tmp_path):
 @pytest.mark.parametrize(
     'call, error, message',
     [(lambda r: make_mini_imagenet(r, task='digits'), ValueError,
-      "one of \\('shapes', 'textures'\\)"),
+      "one of \\('shapes', 'textures', 'shape-groups'\\)"),
      (lambda r: make_mini_imagenet(r, num_classes=7), ValueError, 'num_classes must be in'),
      (lambda r: make_mini_imagenet(r, img_size=(64, 64, 3)), TypeError, 'img_size'),
      (lambda r: make_mini_imagenet(r, train_per_class=2.5), TypeError, 'train_per_class'),

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 DEMO = Path(__file__).resolve().parents[2] / 'configs' / 'demo'
-CONFIG = DEMO / 'linvit-relu-mini_mlpcopy-distill_1xb32_mini-textures.py'
+CONFIG = DEMO / 'linvit-relu-mini_mlpcopy-distill_1xb24_mini-groups.py'
 MINI_ARCH = dict(embed_dims=96, num_layers=4, num_heads=3, feedforward_channels=384)
 
 
@@ -29,7 +29,7 @@ def softmax_checkpoint(tmp_path_factory):
 @pytest.mark.parametrize('attn_type', ['softmax', 'elu', 'relu', 'inline', 'mhla', 'ttt'])
 def test_mlpcopy_distill_train_then_test(attn_type, tools, mini_data_root, softmax_checkpoint,
                                          tmp_path):
-    root = mini_data_root / 'imagenet_transfer'
+    root = mini_data_root / 'imagenet_groups'
     options = [f'{loader}.dataset.data_root={root}'
                for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader')]
     options += [f'model.backbone.attn_type={attn_type}',

@@ -14,7 +14,7 @@ OPERATORS = ['relu', 'mhla']
 def classification_checkpoints(tools, mini_data_root, tmp_path_factory):
     """Two iterations of the demo's classification config per operator."""
     paths = {}
-    root = mini_data_root / 'imagenet_transfer'
+    root = mini_data_root / 'imagenet_groups'
     for attn_type in OPERATORS:
         work_dir = tmp_path_factory.mktemp(f'cls_{attn_type}')
         options = [f'{loader}.dataset.data_root={root}'
@@ -22,7 +22,7 @@ def classification_checkpoints(tools, mini_data_root, tmp_path_factory):
         options += [f'model.backbone.attn_type={attn_type}', 'train_cfg.max_iters=2',
                     'train_cfg.val_interval=2', 'default_hooks.checkpoint.interval=2',
                     'train_dataloader.batch_size=4']
-        tools.train([DEMO / 'linvit-relu-mini_random_1xb32_mini-textures.py', '--work-dir',
+        tools.train([DEMO / 'linvit-relu-mini_random_1xb24_mini-groups.py', '--work-dir',
                      work_dir, '--cfg-options', *options])
         paths[attn_type] = work_dir / 'iter_2.pth'
         assert paths[attn_type].is_file()

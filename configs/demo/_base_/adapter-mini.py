@@ -3,7 +3,7 @@
 # a demo classification run (tools/demo.py passes the best one with --cfg-options
 # model.backbone.pretrained=PATH).
 mini_adapter = dict(
-    pretrained='work_dirs/linvit-relu-mini_mlpcopy-distill_1xb32_mini-textures/iter_600.pth',
+    pretrained='work_dirs/linvit-relu-mini_mlpcopy-distill_1xb24_mini-groups/iter_200.pth',
     vit=dict(
         arch=dict(
             _delete_=True, embed_dims=96, num_layers=4, num_heads=3, feedforward_channels=384),

@@ -7,7 +7,7 @@ mini_arch = dict(embed_dims=96, num_layers=4, num_heads=3, feedforward_channels=
 # The Softmax teacher that the demo pre-trains on the shapes set, i.e. what
 #   tools/train.py configs/demo/linvit-softmax-mini_random_1xb32_mini-shapes.py
 # writes (the demo passes its own path with --cfg-options).
-softmax_checkpoint = 'work_dirs/linvit-softmax-mini_random_1xb32_mini-shapes/iter_600.pth'
+softmax_checkpoint = 'work_dirs/linvit-softmax-mini_random_1xb32_mini-shapes/iter_1500.pth'
 
 model = dict(
     backbone=dict(

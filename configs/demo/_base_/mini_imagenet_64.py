@@ -1,6 +1,7 @@
 # The generated mini classification sets (tools/dataset_converters/make_mini_data.py):
 # 64 x 64 images in the ImageNet folder + annotation-file layout. ``data/mini/imagenet``
-# holds shapes, ``data/mini/imagenet_transfer`` textures (set data_root and classes).
+# holds shapes, ``imagenet_groups`` shape groups, ``imagenet_transfer`` textures (set
+# data_root and classes).
 data_root = 'data/mini/imagenet'
 classes = ['circle', 'cross', 'ring', 'square', 'star', 'triangle']
 

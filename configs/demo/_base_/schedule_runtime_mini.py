@@ -14,10 +14,10 @@ optim_wrapper = dict(
             '.pos_embed': dict(decay_mult=0.0),
             '.block_mixing': dict(decay_mult=0.0),
         }))
-max_iters = 600
+max_iters = 200
 param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, end=60),
-    dict(type='CosineAnnealingLR', eta_min=1e-6, by_epoch=False, begin=60, end=max_iters),
+    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, end=20),
+    dict(type='CosineAnnealingLR', eta_min=1e-6, by_epoch=False, begin=20, end=max_iters),
 ]
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 val_cfg = dict()
