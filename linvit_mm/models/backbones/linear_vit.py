@@ -338,6 +338,12 @@ class LinearViT(BaseBackbone):
         x, hw_shape = self.patch_embed(x)
         if self.cls_token is not None:
             x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+        else:
+            # PatchEmbed returns a transposed view of its NCHW output. Elementwise ops keep
+            # their input's layout, so without a class token (whose concatenation copies)
+            # the whole residual stream would stay transposed, and every LayerNorm, forward
+            # and backward, would copy it back to contiguous.
+            x = x.contiguous()
         x = x + self.position_embedding(hw_shape, x)
         return self.drop_after_pos(x), hw_shape
 
