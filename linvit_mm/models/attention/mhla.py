@@ -295,25 +295,33 @@ class MultiHeadLinearAttention(BaseAttention):
         real[:hw_shape[0], :hw_shape[1]] = 1.
         return self._to_blocks(real.reshape(-1, 1), (layout.padded_h, layout.padded_w), layout)
 
-    def _mixed_linear(self, qkv, hw_shape, num_extra):
-        """``(B, N, 3, C)`` queries, keys, values -> attention outputs of the patch tokens
-        ``(B, H*W, C)`` and of the extra tokens ``(B, num_extra, C)`` (``None`` if none).
+    def _mixed_linear(self, qk, v, hw_shape, num_extra):
+        """Queries and keys ``(B, N, 2C)``, values ``(B, N, C)`` -> attention outputs of the
+        patch tokens ``(B, H*W, C)`` and of the extra tokens ``(B, num_extra, C)`` (``None``
+        if none).
 
-        One copy takes the patch tokens to block-major head layout. The normaliser rides
+        One copy each takes the patch queries with keys, and the values, to block-major
+        head layout. The normaliser rides
         along with the numerator: ``z_b = phi(K_b)^T 1`` is appended to ``S_b`` as an extra
         column, so one ``M x M`` mixing and one query product produce both
         ``phi(q)^T sum_j W_ij S_j`` and ``phi(q)^T sum_j W_ij z_j``.
         """
         layout = self.block_layout(hw_shape)
-        B = qkv.shape[0]
+        B = v.shape[0]
         h, d = self.num_heads, self.head_dims
-        out_dtype = qkv.dtype
-        with torch.autocast(device_type=qkv.device.type, enabled=False):
-            patches = qkv[:, num_extra:].reshape(B, -1, 3, h, d).permute(2, 0, 3, 1, 4)
-            blocks, mixing = float32_state(self._to_blocks(patches, hw_shape, layout),
-                                           self.block_mixing)
-            q_blocks, k_blocks = self._stacked_features(blocks[:2]).unbind(0)
-            v_blocks = blocks[2]                                            # (B, h, M, T, d)
+        out_dtype = v.dtype
+
+        def heads(t, tokens, parts):
+            """``(B, N, parts*C)`` -> ``(parts, B, h, tokens, d)`` view of those tokens."""
+            return t[:, tokens].reshape(B, -1, parts, h, d).permute(2, 0, 3, 1, 4)
+
+        patches = slice(num_extra, None)
+        with torch.autocast(device_type=v.device.type, enabled=False):
+            qk_blocks, v_blocks, mixing = float32_state(
+                self._to_blocks(heads(qk, patches, 2), hw_shape, layout),
+                self._to_blocks(heads(v, patches, 1), hw_shape, layout).squeeze(0),
+                self.block_mixing)                                          # v: (B, h, M, T, d)
+            q_blocks, k_blocks = self._stacked_features(qk_blocks).unbind(0)
             if layout.pads(hw_shape):
                 # Padded keys would add the feature floor to the normalisers.
                 k_blocks = k_blocks * self._padding_mask(hw_shape, layout, k_blocks.device,
@@ -325,20 +333,21 @@ class MultiHeadLinearAttention(BaseAttention):
             mixing = mixing.expand(B, h, *mixing.shape)
             mixed = (mixing @ state.flatten(-2)).unflatten(-1, (d, d + 1))
             if num_extra:
-                extra = qkv[:, :num_extra].reshape(B, num_extra, 3, h, d).permute(2, 0, 3, 1, 4)
-                extra = float32_state(extra)[0]
-                q_extra, k_extra = self._stacked_features(extra[:2]).unbind(0)
-                extra_state = torch.cat([k_extra.transpose(-2, -1) @ extra[2],
+                extras = slice(0, num_extra)
+                qk_extra, v_extra = float32_state(heads(qk, extras, 2),
+                                                  heads(v, extras, 1).squeeze(0))
+                q_extra, k_extra = self._stacked_features(qk_extra).unbind(0)
+                extra_state = torch.cat([k_extra.transpose(-2, -1) @ v_extra,
                                          k_extra.sum(dim=-2).unsqueeze(-1)], dim=-1)
                 # Extra tokens are global: added unmixed to what every block reads.
                 mixed = mixed + extra_state.unsqueeze(2)
-            read = q_blocks @ mixed                                         # (B, h, M, T, d+1)
-            out = self._blocks_to_tokens(read[..., :d] / (read[..., d:] + self.eps),
-                                         hw_shape, layout)
+            numerator, normaliser = (q_blocks @ mixed).split([d, 1], dim=-1)
+            out = self._blocks_to_tokens(numerator / (normaliser + self.eps), hw_shape, layout)
             if num_extra:
                 # Extra queries read the unmixed sum over every token.
-                read = q_extra @ (state.sum(dim=2) + extra_state)
-                out_extra = self.merge_heads(read[..., :d] / (read[..., d:] + self.eps))
+                numerator, normaliser = (q_extra @ (state.sum(dim=2) + extra_state)).split(
+                    [d, 1], dim=-1)
+                out_extra = self.merge_heads(numerator / (normaliser + self.eps))
         return out.to(out_dtype), out_extra.to(out_dtype) if num_extra else None
 
     def forward(self, x, hw_shape, return_map=False):
@@ -346,14 +355,13 @@ class MultiHeadLinearAttention(BaseAttention):
             self.attention_map(x, hw_shape)
         num_extra = self.num_extra_tokens(x, hw_shape)
         self.block_layout(hw_shape)  # rejects an empty grid before any work
-        qkv = self.qkv(x)
-        values = qkv[..., 2 * self.embed_dims:]
-        if isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity):
-            qkv = qkv.unflatten(-1, (3, self.embed_dims))
-        else:
-            q, k, _ = qkv.chunk(3, dim=-1)
-            qkv = torch.stack([self.q_norm(q), self.k_norm(k), values], dim=2)
-        out, out_extra = self._mixed_linear(qkv, hw_shape, num_extra)
+        # split rather than slicing: its backward concatenates the gradients instead of
+        # zero-filling a qkv-sized one per slice
+        qk, values = self.qkv(x).split([2 * self.embed_dims, self.embed_dims], dim=-1)
+        if not (isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)):
+            q, k = qk.chunk(2, dim=-1)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=-1)
+        out, out_extra = self._mixed_linear(qk, values, hw_shape, num_extra)
         out = out + self._local_values(values[:, num_extra:], hw_shape)
         if out_extra is not None:
             # The value convolution touches patch tokens only.

@@ -145,10 +145,10 @@ class TTTAttention(BaseAttention):
         W1 and W2 side by side make each token product one matmul, and their column norms
         are unchanged by the concatenation.
         """
-        d = self.head_dims
         w12 = torch.cat(float32_state(self.w1, self.w2), dim=-1)
-        z = k @ w12
-        z1, z2 = z[..., :d], z[..., d:]
+        # chunk rather than slicing: its backward concatenates the two gradients instead
+        # of zero-filling a full-size gradient per slice
+        z1, z2 = (k @ w12).chunk(2, dim=-1)
         gate = torch.sigmoid(z2)
         silu = z2 * gate
         # silu'(z) = sig(z) (1 + z (1 - sig(z))) = sig(z) + silu(z) (1 - sig(z))
@@ -182,12 +182,12 @@ class TTTAttention(BaseAttention):
 
     def _inner(self, qkv, num_extra, hw_shape):
         C, d = self.embed_dims, self.head_dims
-        q, k, v = float32_state(*self.split_heads(qkv[..., :3 * C]))
-        w12 = self._swiglu_step(k, v)
-        z = q @ w12
-        swiglu_out = z[..., :d] * F.silu(z[..., d:])                     # (B, heads, N, d)
+        swiglu_qkv, conv_qkv = qkv.split([3 * C, 3 * d], dim=-1)
+        q, k, v = float32_state(*self.split_heads(swiglu_qkv))
+        z1, z2 = (q @ self._swiglu_step(k, v)).chunk(2, dim=-1)
+        swiglu_out = z1 * F.silu(z2)                                      # (B, heads, N, d)
 
-        q_conv, k_conv, v_conv = float32_state(*qkv[..., 3 * C:].chunk(3, dim=-1))
+        q_conv, k_conv, v_conv = float32_state(*conv_qkv.chunk(3, dim=-1))
         w3 = self._conv_step(self._grid(k_conv[:, num_extra:], hw_shape),
                              self._grid(v_conv[:, num_extra:], hw_shape))
         conv_out = self._conv_read(self._grid(q_conv[:, num_extra:], hw_shape), w3)
