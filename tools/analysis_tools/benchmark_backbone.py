@@ -1,0 +1,652 @@
+#!/usr/bin/env python
+"""Benchmark the LinearViT backbone: every attention operator side by side, one run.
+
+For each input size (default 224, 512, 1024, 2048 px: 196 to 16384 patch tokens) and
+each operator (softmax, elu, relu, inline, mhla, ttt) at batch 1, float32, the tool
+measures
+
+* forward latency: ``eval()`` under ``no_grad``;
+* training-step latency: ``train()``, forward plus backward of a scalar loss (the
+  mean of every output), gradients set to ``None`` before each step, outside the timer;
+* peak memory of a training step (see below).
+
+Repetitions are interleaved: every repetition runs every operator once, in an order
+rotated by one per repetition, so background load on a shared machine hits all
+operators alike. Latencies are medians over ``--repeats`` repetitions that follow
+``--warmup`` untimed ones.
+
+Peak memory
+    CUDA: ``torch.cuda.max_memory_allocated()`` over the step minus
+    ``torch.cuda.memory_allocated()`` just before it. CPU: each (operator, size) step
+    runs in a fresh subprocess that builds the model, runs one untimed training step
+    on a 2 x 2-patch input (so thread pools, oneDNN primitives and library code pages
+    are already resident), frees its gradients, reads ``VmRSS`` from
+    ``/proc/self/status``, resets the peak (``5`` into ``/proc/self/clear_refs``),
+    runs the step at full size and reads ``VmHWM``; the figure is ``VmHWM - VmRSS``.
+    The subprocess fixes glibc's mmap threshold (``MALLOC_MMAP_THRESHOLD_``), which
+    otherwise grows as large blocks are freed and keeps freed tensors in the heap; with
+    it fixed, every tensor above 128 KiB is mapped on allocation and unmapped on free,
+    so resident memory follows live tensors and the figure is the step's activations,
+    gradients and kernel workspaces, not the Python process or the model weights.
+    Both figures include the parameter gradients (a ViT-S has 22 M parameters, 84 MiB).
+
+Multiply-accumulate counts (the speed-up bound)
+    ``mac_bound = MACs(softmax) / MACs(operator)`` at the same input, counted from the
+    built modules' shapes. Every product of a contraction (matmul, convolution) is one
+    MAC, and so is every element a reduction over tokens sums (key sums, means);
+    pointwise maps (feature maps, GELU, LayerNorm, softmax's exponentials, divisions,
+    residual additions) count zero. ``P = H * W`` patch tokens, ``E`` extra (class)
+    tokens, ``N = E + P``, ``C`` channels, ``h`` heads of ``d = C / h``, per block:
+
+    * every ``nn.Linear`` in the block: ``N * in * out`` (qkv ``3 C^2`` per token,
+      proj ``C^2``, MLP ``2 * C * 4C``; TTT's qkv is ``C x (3C + 3d)`` and its proj
+      ``(C + d) x C``);
+    * every ``nn.Conv2d`` in the block, on the patch grid: ``P * out * in/groups * k^2``
+      (MHLA's 5 x 5 depthwise value conv ``25 P C``, TTT's 3 x 3 position conv ``9 P C``);
+    * the attention core:
+
+      - softmax: ``2 N^2 C`` (``Q K^T`` and ``A V``);
+      - elu, relu: ``2 N C d + 2 N C`` (state ``K^T V`` and its read ``Q S``; key sum and
+        ``Q . k_sum`` normaliser);
+      - inline: ``2 N C d + 4 N C`` (as above; key mean, value mean, ``q . k_mean`` and
+        the ``(1 - s q . k_mean) v_mean`` term);
+      - mhla: ``2 N' C d + 2 N' C + M^2 C (d + 1)`` with ``N' = E + M * bh * bw`` the
+        tokens after padding the grid to ``M`` blocks of ``bh x bw`` (block states,
+        block key sums, query reads and normalisers) and the ``M x M`` mixing of the
+        states and key sums;
+      - ttt: ``6 N C d + 2 h d^2 + 18 P d + E d + 9 d`` (SwiGLU inner step: ``K W1``,
+        ``K W2`` and the two gradient contractions ``K^T (...)``, then ``Q W1'``,
+        ``Q W2'``; the gradient norms; the conv inner model's gradient ``9 P d`` and its
+        read ``9 P d``, the extra tokens' centre tap, the kernel norms).
+
+    plus the patch embedding once, ``P * 3 * p^2 * C``. The bound in the table is that of
+    the whole backbone, the thing timed. The issue's figures for relu, ViT-S (about 2.7x
+    at 4096 tokens and 7.9x at 16384) are the per-block ratios, ``--blocks-only``
+    (2.70 and 7.89); with the patch embedding they are 2.68 and 7.80.
+
+Example::
+
+    python tools/analysis_tools/benchmark_backbone.py --threads 2 --repeats 3
+    python tools/analysis_tools/benchmark_backbone.py --device cuda --repeats 20
+"""
+import argparse
+import csv
+import gc
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from torch import nn
+
+OPERATORS = ('softmax', 'elu', 'relu', 'inline', 'mhla', 'ttt')
+DEFAULT_SIZES = (224, 512, 1024, 2048)
+REFERENCE = 'softmax'
+CSV_COLUMNS = ('size', 'patch_tokens', 'tokens', 'operator', 'fwd_ms', 'train_ms', 'peak_mib',
+               'speedup_fwd', 'speedup_train', 'mac_bound', 'fwd_pct_of_bound',
+               'train_pct_of_bound', 'gmacs', 'fwd_cpu_ms', 'train_cpu_ms', 'cpu_speedup_fwd',
+               'cpu_speedup_train', 'fwd_samples_ms', 'train_samples_ms', 'repeats',
+               'warmup', 'threads', 'background_cores', 'device', 'memory_method')
+# Issue targets (CPU, fp32, batch 1, ViT-S).
+BOUND_FRACTION = {'elu': .90, 'relu': .90, 'inline': .90, 'mhla': .75, 'ttt': .75}
+BOUND_TARGET_TOKENS = (4096, 16384)
+SMALL_TOKENS, SMALL_SLOWDOWN = 196, 1.1
+MEMORY_PAIR, MEMORY_GROWTH = (4096, 16384), 4.5
+# Above glibc's default threshold, below every activation of interest.
+MMAP_THRESHOLD = 128 * 1024
+PROBE_GRID = 2  # patches per side of the subprocess's warm-up input
+
+
+# ---------------------------------------------------------------- model construction
+def parse_arch(text):
+    """``'small'`` (any LinearViT arch name) or a JSON dict of the four arch keys."""
+    if isinstance(text, dict):
+        return text
+    text = text.strip()
+    if text.startswith('{'):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f'--arch {text!r} is not valid JSON: {err}') from None
+    return text
+
+
+def build_backbone(attn_type, arch, size, patch_size=16, init=True):
+    """A LinearViT for ``size``-px inputs; ``init`` runs the DeiT initialisation (values
+    only matter for timing through denormals and the like, never for MAC counts)."""
+    from mmengine.logging import MMLogger
+
+    from linvit_mm.models.backbones.linear_vit import LinearViT
+    model = LinearViT(arch=arch, attn_type=attn_type, img_size=size, patch_size=patch_size)
+    if not init:
+        return model
+    # init_weights dumps every parameter's init at INFO; the benchmark only needs the values
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        model.init_weights()
+    finally:
+        logger.setLevel(level)
+    return model
+
+
+# ---------------------------------------------------------------- MAC counting
+def _patch_grid(model, size):
+    return size // model.patch_size, size // model.patch_size
+
+
+def _conv_macs(conv, num_patches):
+    kh, kw = conv.kernel_size
+    return num_patches * conv.out_channels * (conv.in_channels // conv.groups) * kh * kw
+
+
+def _softmax_core(attn, num_tokens, hw_shape):
+    return 2 * num_tokens**2 * attn.embed_dims
+
+
+def _kernel_core(attn, num_tokens, hw_shape):
+    C, d = attn.embed_dims, attn.head_dims
+    return 2 * num_tokens * C * d + 2 * num_tokens * C
+
+
+def _inline_core(attn, num_tokens, hw_shape):
+    C, d = attn.embed_dims, attn.head_dims
+    return 2 * num_tokens * C * d + 4 * num_tokens * C
+
+
+def _mhla_core(attn, num_tokens, hw_shape):
+    C, d = attn.embed_dims, attn.head_dims
+    layout = attn.block_layout(hw_shape)
+    num_extra = num_tokens - hw_shape[0] * hw_shape[1]
+    padded = num_extra + layout.num_blocks * layout.block_h * layout.block_w
+    return 2 * padded * C * d + 2 * padded * C + layout.num_blocks**2 * C * (d + 1)
+
+
+def _ttt_core(attn, num_tokens, hw_shape):
+    C, d, h = attn.embed_dims, attn.head_dims, attn.num_heads
+    num_patches = hw_shape[0] * hw_shape[1]
+    num_extra = num_tokens - num_patches
+    return 6 * num_tokens * C * d + 2 * h * d * d + 18 * num_patches * d + num_extra * d + 9 * d
+
+
+ATTENTION_CORE_MACS = {'softmax': _softmax_core, 'elu': _kernel_core, 'relu': _kernel_core,
+                       'inline': _inline_core, 'mhla': _mhla_core, 'ttt': _ttt_core}
+
+
+def count_macs(model, size):
+    """Multiply-accumulates of one forward pass of ``model`` on a ``size``-px square image.
+
+    Returns a dict with ``patch_embed``, ``linear``, ``conv``, ``attention_core``,
+    ``blocks`` (the last three summed) and ``total``; the conventions are in the module
+    docstring.
+    """
+    hw_shape = _patch_grid(model, size)
+    num_patches = hw_shape[0] * hw_shape[1]
+    num_tokens = model.num_extra_tokens + num_patches
+    counts = dict(patch_embed=_conv_macs(model.patch_embed.projection, num_patches), linear=0,
+                  conv=0, attention_core=0)
+    for layer in model.layers:
+        attn_type = layer.attn.attn_type
+        if attn_type not in ATTENTION_CORE_MACS:
+            raise ValueError(f'no MAC formula for the {attn_type!r} operator; operators with '
+                             f'one: {", ".join(ATTENTION_CORE_MACS)}')
+        for module in layer.modules():
+            if isinstance(module, nn.Linear):
+                counts['linear'] += num_tokens * module.in_features * module.out_features
+            elif isinstance(module, nn.Conv2d):
+                counts['conv'] += _conv_macs(module, num_patches)
+        counts['attention_core'] += ATTENTION_CORE_MACS[attn_type](layer.attn, num_tokens,
+                                                                   hw_shape)
+    counts['blocks'] = counts['linear'] + counts['conv'] + counts['attention_core']
+    counts['total'] = counts['blocks'] + counts['patch_embed']
+    return counts
+
+
+def mac_bound(attn_type, size, arch='small', patch_size=16, blocks_only=False):
+    """``MACs(softmax) / MACs(attn_type)`` for a LinearViT at ``size`` px.
+
+    ``blocks_only`` leaves the patch embedding out (the per-block ratio).
+    """
+    key = 'blocks' if blocks_only else 'total'
+    macs = {op: count_macs(build_backbone(op, arch, size, patch_size, init=False), size)[key]
+            for op in (REFERENCE, attn_type)}
+    return macs[REFERENCE] / macs[attn_type]
+
+
+# ---------------------------------------------------------------- timing
+def synchronise(device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def scalar_loss(outputs):
+    return sum(out.float().mean() for out in outputs)
+
+
+class Stopwatch:
+    """Wall time and this process's CPU time (all threads) of a block, in ms.
+
+    Wall time is the latency the tables report. CPU time is a diagnostic for shared
+    machines: a thread that waits for a core, or for a peer that waits for one, adds
+    wall time but little CPU time.
+    """
+
+    def __init__(self, device):
+        self.device = device
+        self.wall_ms = self.cpu_ms = None
+
+    def __enter__(self):
+        synchronise(self.device)
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        synchronise(self.device)
+        self.wall_ms = (time.perf_counter() - self._wall) * 1e3
+        self.cpu_ms = (time.process_time() - self._cpu) * 1e3
+
+
+def time_forward(model, images):
+    model.eval()
+    with torch.no_grad(), Stopwatch(images.device) as watch:
+        model(images)
+    return watch
+
+
+def time_train_step(model, images):
+    model.train()
+    model.zero_grad(set_to_none=True)
+    with Stopwatch(images.device) as watch:
+        scalar_loss(model(images)).backward()
+    return watch
+
+
+def cuda_train_peak_mib(model, images):
+    model.train()
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize(images.device)
+    torch.cuda.reset_peak_memory_stats(images.device)
+    before = torch.cuda.memory_allocated(images.device)
+    scalar_loss(model(images)).backward()
+    torch.cuda.synchronize(images.device)
+    peak = torch.cuda.max_memory_allocated(images.device) - before
+    model.zero_grad(set_to_none=True)
+    return peak / 2**20
+
+
+# ---------------------------------------------------------------- CPU peak memory
+def _status_kib(field):
+    with open('/proc/self/status') as status:
+        for line in status:
+            if line.startswith(field + ':'):
+                return int(line.split()[1])
+    raise RuntimeError(f'/proc/self/status has no {field} line')
+
+
+def _reset_peak_rss():
+    # Linux >= 4.0: writing 5 resets VmHWM to the current VmRSS.
+    with open('/proc/self/clear_refs', 'w') as clear_refs:
+        clear_refs.write('5')
+
+
+def probe_train_peak(attn_type, arch, size, threads):
+    """Runs inside the fresh subprocess: the step's peak RSS over RSS just before it."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = build_backbone(attn_type, arch, size)
+    warm_side = PROBE_GRID * model.patch_size
+    time_train_step(model, torch.randn(1, 3, warm_side, warm_side))
+    images = torch.randn(1, 3, size, size)
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    before_kib = _status_kib('VmRSS')
+    _reset_peak_rss()
+    if _status_kib('VmHWM') > before_kib + 1024:
+        raise RuntimeError('resetting VmHWM through /proc/self/clear_refs had no effect; this '
+                           'kernel cannot measure a step peak this way (use --device cuda)')
+    step_ms = time_train_step(model, images).wall_ms
+    peak_kib = _status_kib('VmHWM')
+    return dict(peak_mib=(peak_kib - before_kib) / 1024, rss_before_mib=before_kib / 1024,
+                step_ms=step_ms)
+
+
+def cpu_train_peak_mib(attn_type, arch, size, threads):
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD),
+               MALLOC_TRIM_THRESHOLD_=str(MMAP_THRESHOLD))
+    cmd = [sys.executable, os.path.abspath(__file__), '--probe-memory', attn_type,
+           '--arch', json.dumps(arch) if isinstance(arch, dict) else arch,
+           '--sizes', str(size), '--threads', str(threads)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f'memory probe for {attn_type} at {size}px failed '
+                           f'(exit {result.returncode}):\n{result.stderr[-3000:]}')
+    return json.loads(result.stdout.strip().splitlines()[-1])['peak_mib']
+
+
+# ---------------------------------------------------------------- background load
+class BackgroundLoad:
+    """CPU cores other processes kept busy, on average, between ``start`` and ``stop``.
+
+    Busy time of the whole machine (``/proc/stat``) minus this process's own CPU time
+    (all its threads, and its finished children), over the wall time. On a shared
+    machine this says how much of the timing ran beside someone else's work; ``None``
+    where ``/proc/stat`` does not exist.
+    """
+
+    def __init__(self):
+        self.ticks_per_s = os.sysconf('SC_CLK_TCK') if hasattr(os, 'sysconf') else 100
+        self._start = None
+
+    @staticmethod
+    def _machine_busy_ticks():
+        with open('/proc/stat') as stat:
+            user, nice, system, idle, iowait, irq, softirq, steal = map(
+                int, stat.readline().split()[1:9])
+        return user + nice + system + irq + softirq + steal
+
+    @staticmethod
+    def _own_cpu_s():
+        times = os.times()
+        return times.user + times.system + times.children_user + times.children_system
+
+    def start(self):
+        try:
+            self._start = (time.perf_counter(), self._machine_busy_ticks(), self._own_cpu_s())
+        except OSError:
+            self._start = None
+
+    def stop(self):
+        if self._start is None:
+            return None
+        wall0, busy0, own0 = self._start
+        busy_s = (self._machine_busy_ticks() - busy0) / self.ticks_per_s
+        own_s = self._own_cpu_s() - own0
+        return max(0., busy_s - own_s) / max(time.perf_counter() - wall0, 1e-9)
+
+
+# ---------------------------------------------------------------- the run
+def rotated(items, shift):
+    shift %= len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
+def benchmark_size(size, operators, arch, device, repeats, warmup, threads, log=print):
+    """Interleaved timings of every operator at one size; returns one dict per operator."""
+    torch.manual_seed(0)
+    models = {op: build_backbone(op, arch, size).to(device) for op in operators}
+    images = torch.randn(1, 3, size, size, device=device)
+    samples = {(op, key): [] for op in operators
+               for key in ('fwd_ms', 'train_ms', 'fwd_cpu_ms', 'train_cpu_ms')}
+    cuda_peak = {}
+    background = BackgroundLoad()
+    for rep in range(warmup + repeats):
+        if rep == warmup:
+            background.start()
+        for op in rotated(operators, rep):
+            fwd = time_forward(models[op], images)
+            train = time_train_step(models[op], images)
+            models[op].zero_grad(set_to_none=True)
+            if rep >= warmup:
+                for key, value in (('fwd_ms', fwd.wall_ms), ('train_ms', train.wall_ms),
+                                   ('fwd_cpu_ms', fwd.cpu_ms), ('train_cpu_ms', train.cpu_ms)):
+                    samples[op, key].append(value)
+            log(f'  {size}px {"warm-up" if rep < warmup else f"rep {rep - warmup + 1}"} '
+                f'{op:8s} fwd {fwd.wall_ms:10.1f} ms  train {train.wall_ms:10.1f} ms  '
+                f'(cpu {fwd.cpu_ms:10.1f} / {train.cpu_ms:10.1f} ms)')
+    background_cores = background.stop()
+    if device.type == 'cuda':
+        cuda_peak = {op: cuda_train_peak_mib(models[op], images) for op in operators}
+    first = models[operators[0]]
+    hw_shape = _patch_grid(first, size)
+    rows = []
+    for op in operators:
+        macs = count_macs(models[op], size)['total']
+        rows.append(dict(size=size, patch_tokens=hw_shape[0] * hw_shape[1],
+                         tokens=models[op].num_extra_tokens + hw_shape[0] * hw_shape[1],
+                         operator=op, peak_mib=cuda_peak.get(op), macs=macs,
+                         fwd_samples_ms=samples[op, 'fwd_ms'],
+                         train_samples_ms=samples[op, 'train_ms'],
+                         background_cores=background_cores,
+                         **{key: statistics.median(samples[op, key])
+                            for key in ('fwd_ms', 'train_ms', 'fwd_cpu_ms', 'train_cpu_ms')}))
+    del models
+    gc.collect()
+    return rows
+
+
+def add_ratios(rows):
+    """Speed-ups and MAC bounds against the softmax row of the same size, in place."""
+    by_size = {}
+    for row in rows:
+        by_size.setdefault(row['size'], {})[row['operator']] = row
+    for group in by_size.values():
+        ref = group.get(REFERENCE)
+        for row in group.values():
+            if ref is None:
+                row.update(speedup_fwd=None, speedup_train=None, mac_bound=None,
+                           fwd_pct_of_bound=None, train_pct_of_bound=None,
+                           cpu_speedup_fwd=None, cpu_speedup_train=None)
+                continue
+            row['speedup_fwd'] = ref['fwd_ms'] / row['fwd_ms']
+            row['speedup_train'] = ref['train_ms'] / row['train_ms']
+            row['cpu_speedup_fwd'] = ref['fwd_cpu_ms'] / row['fwd_cpu_ms']
+            row['cpu_speedup_train'] = ref['train_cpu_ms'] / row['train_cpu_ms']
+            row['mac_bound'] = ref['macs'] / row['macs']
+            row['fwd_pct_of_bound'] = 100 * row['speedup_fwd'] / row['mac_bound']
+            row['train_pct_of_bound'] = 100 * row['speedup_train'] / row['mac_bound']
+    return rows
+
+
+def _fmt(value, spec):
+    return '-' if value is None else format(value, spec)
+
+
+def format_table(rows, size):
+    """One size's table; ``cpu x`` columns are the speed-ups in process CPU time."""
+    group = [row for row in rows if row['size'] == size]
+    if not group:
+        return ''
+    load = group[0].get('background_cores')
+    load = '' if load is None else f'; other processes kept {load:.2f} cores busy meanwhile'
+    head = (f'{size}x{size} px, {group[0]["patch_tokens"]} patch tokens, median of '
+            f'{group[0].get("repeats", "?")}{load}\n'
+            f'{"operator":9s} {"fwd ms":>10s} {"train ms":>10s} {"peak MiB":>9s} '
+            f'{"x fwd":>7s} {"x train":>7s} {"MAC bound":>9s} {"fwd/bnd":>8s} {"trn/bnd":>8s} '
+            f'{"cpu x fwd":>9s} {"cpu x trn":>9s}')
+    lines = [head, '-' * len(head.splitlines()[1])]
+    for row in group:
+        lines.append(f'{row["operator"]:9s} {row["fwd_ms"]:10.1f} {row["train_ms"]:10.1f} '
+                     f'{_fmt(row["peak_mib"], "9.1f")} {_fmt(row["speedup_fwd"], "6.2f")}x '
+                     f'{_fmt(row["speedup_train"], "6.2f")}x {_fmt(row["mac_bound"], "8.2f")}x '
+                     f'{_fmt(row["fwd_pct_of_bound"], "7.0f")}% '
+                     f'{_fmt(row["train_pct_of_bound"], "7.0f")}% '
+                     f'{_fmt(row["cpu_speedup_fwd"], "8.2f")}x '
+                     f'{_fmt(row["cpu_speedup_train"], "8.2f")}x')
+    return '\n'.join(lines)
+
+
+def evaluate_targets(rows):
+    """The issue's targets as ``(name, 'PASS' | 'FAIL' | 'SKIP', detail)`` triples."""
+    by_key = {(row['patch_tokens'], row['operator']): row for row in rows}
+    results = []
+    for tokens in BOUND_TARGET_TOKENS:
+        for op, fraction in BOUND_FRACTION.items():
+            row = by_key.get((tokens, op))
+            for kind in ('fwd', 'train'):
+                name = f'{op} {kind} speed-up >= {fraction:.0%} of MAC bound @ {tokens} tokens'
+                if row is None or row['mac_bound'] is None:
+                    results.append((name, 'SKIP', 'size or softmax not measured'))
+                    continue
+                pct = row[f'{kind}_pct_of_bound']
+                results.append((name, 'PASS' if pct >= 100 * fraction else 'FAIL',
+                                f'{row[f"speedup_{kind}"]:.2f}x of {row["mac_bound"]:.2f}x '
+                                f'= {pct:.0f}%'))
+    for op in BOUND_FRACTION:
+        row, ref = by_key.get((SMALL_TOKENS, op)), by_key.get((SMALL_TOKENS, REFERENCE))
+        for kind in ('fwd', 'train'):
+            name = f'{op} {kind} @ {SMALL_TOKENS} tokens <= {SMALL_SLOWDOWN}x softmax'
+            if row is None or ref is None:
+                results.append((name, 'SKIP', 'size or softmax not measured'))
+                continue
+            ratio = row[f'{kind}_ms'] / ref[f'{kind}_ms']
+            results.append((name, 'PASS' if ratio <= SMALL_SLOWDOWN else 'FAIL',
+                            f'{ratio:.2f}x softmax'))
+    small, large = MEMORY_PAIR
+    for op in BOUND_FRACTION:
+        name = f'{op} train peak memory @ {large} <= {MEMORY_GROWTH}x @ {small} tokens'
+        lo, hi = by_key.get((small, op)), by_key.get((large, op))
+        if lo is None or hi is None or lo['peak_mib'] is None or hi['peak_mib'] is None:
+            results.append((name, 'SKIP', 'size or memory not measured'))
+            continue
+        growth = hi['peak_mib'] / lo['peak_mib']
+        results.append((name, 'PASS' if growth <= MEMORY_GROWTH else 'FAIL',
+                        f'{hi["peak_mib"]:.0f} / {lo["peak_mib"]:.0f} MiB = {growth:.2f}x'))
+    return results
+
+
+def write_csv(rows, path, extra):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            record = {**row, **extra, 'gmacs': row['macs'] / 1e9,
+                      'fwd_samples_ms': ';'.join(f'{v:.2f}' for v in row['fwd_samples_ms']),
+                      'train_samples_ms': ';'.join(f'{v:.2f}' for v in row['train_samples_ms'])}
+            writer.writerow({key: record.get(key) for key in CSV_COLUMNS})
+
+
+def plot(rows, path, title):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    panels = [('fwd_ms', 'forward latency (ms)'), ('train_ms', 'training step (ms)'),
+              ('peak_mib', 'training-step peak memory (MiB)')]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2))
+    operators = list(dict.fromkeys(row['operator'] for row in rows))
+    for ax, (key, label) in zip(axes, panels):
+        for op in operators:
+            points = sorted((row['patch_tokens'], row[key]) for row in rows
+                            if row['operator'] == op and row[key] is not None)
+            if points:
+                ax.plot(*zip(*points), marker='o', label=op,
+                        linestyle='--' if op == REFERENCE else '-')
+        ax.set_xscale('log')
+        ax.set_yscale('log')
+        ax.set_xlabel('patch tokens')
+        ax.set_ylabel(label)
+        ax.grid(True, which='both', alpha=.3)
+    axes[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description='Latency, training-step latency and peak memory of LinearViT per '
+                    'attention operator, against softmax and its MAC-count bound.')
+    parser.add_argument('--operators', nargs='+', default=list(OPERATORS),
+                        help=f'operators to compare (default: all of {", ".join(OPERATORS)}; '
+                             f'{REFERENCE} is the reference of every ratio)')
+    parser.add_argument('--sizes', nargs='+', type=int, default=list(DEFAULT_SIZES),
+                        help='square input sizes in px (multiples of the patch size)')
+    parser.add_argument('--arch', default='small',
+                        help='LinearViT arch name (tiny, small, base) or a JSON dict with '
+                             'embed_dims, num_layers, num_heads, feedforward_channels')
+    parser.add_argument('--device', default='cpu', help='cpu or cuda[:index]')
+    parser.add_argument('--repeats', type=int, default=5, help='timed repetitions (median)')
+    parser.add_argument('--warmup', type=int, default=1, help='untimed repetitions first')
+    parser.add_argument('--large-from', type=int, default=None,
+                        help='patch-token count from which --large-repeats/--large-warmup '
+                             'apply (for the sizes where softmax takes minutes on a CPU)')
+    parser.add_argument('--large-repeats', type=int, default=None)
+    parser.add_argument('--large-warmup', type=int, default=None)
+    parser.add_argument('--threads', type=int, default=None,
+                        help='torch intra-op threads (default: all cores)')
+    parser.add_argument('--no-memory', action='store_true',
+                        help='skip the peak-memory measurement')
+    parser.add_argument('--out-dir', default='work_dirs/benchmark')
+    parser.add_argument('--probe-memory', metavar='OPERATOR', help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.arch = parse_arch(args.arch)
+    unknown = [op for op in args.operators if op not in OPERATORS]
+    if unknown:
+        parser.error(f'unknown operators {unknown}; valid operators are: {", ".join(OPERATORS)}')
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error('--repeats must be >= 1 and --warmup >= 0')
+    if args.threads is None:
+        args.threads = os.cpu_count() or 1
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.probe_memory:
+        print(json.dumps(probe_train_peak(args.probe_memory, args.arch, args.sizes[0],
+                                          args.threads)))
+        return None
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise SystemExit('--device cuda given, but torch sees no CUDA device')
+    if device.type not in ('cpu', 'cuda'):
+        raise SystemExit(f'--device must be cpu or cuda[:index], got {args.device!r}')
+    operators = list(dict.fromkeys(args.operators))
+    memory_method = ('none' if args.no_memory else
+                     'cuda max_memory_allocated' if device.type == 'cuda' else
+                     'fresh subprocess, VmHWM - VmRSS')
+    started = datetime.now(timezone.utc)
+    print(f'LinearViT benchmark {started:%Y-%m-%d %H:%M UTC}: arch={args.arch} device={device} '
+          f'threads={args.threads} repeats={args.repeats} warmup={args.warmup} '
+          f'torch={torch.__version__}', flush=True)
+    rows = []
+    for size in args.sizes:
+        patch_tokens = (size // 16)**2
+        large = args.large_from is not None and patch_tokens >= args.large_from
+        repeats = args.large_repeats if large and args.large_repeats else args.repeats
+        warmup = (args.large_warmup if large and args.large_warmup is not None
+                  else args.warmup)
+        print(f'[{size}px] timing {", ".join(operators)}: {repeats} repeats after {warmup} '
+              f'warm-up', flush=True)
+        size_rows = benchmark_size(size, operators, args.arch, device, repeats, warmup,
+                                   args.threads, log=lambda msg: print(msg, flush=True))
+        for row in size_rows:
+            row.update(repeats=repeats, warmup=warmup)
+        if device.type == 'cpu' and not args.no_memory:
+            for row in size_rows:
+                row['peak_mib'] = cpu_train_peak_mib(row['operator'], args.arch, size,
+                                                     args.threads)
+                print(f'  {size}px {row["operator"]:8s} train peak {row["peak_mib"]:.1f} MiB',
+                      flush=True)
+        rows += size_rows
+    add_ratios(rows)
+    print()
+    for size in args.sizes:
+        print(format_table(rows, size) + '\n')
+    out_dir = Path(args.out_dir)
+    extra = dict(threads=args.threads, device=str(device), memory_method=memory_method)
+    write_csv(rows, out_dir / 'benchmark_backbone.csv', extra)
+    plot(rows, out_dir / 'benchmark_backbone.png',
+         f'LinearViT {args.arch}, batch 1, fp32, {device}, {args.threads} threads')
+    results = evaluate_targets(rows)
+    print('Targets (issue; CPU, fp32, batch 1, ViT-S):')
+    for name, verdict, detail in results:
+        print(f'  {verdict:4s}  {name}: {detail}')
+    elapsed = (datetime.now(timezone.utc) - started).total_seconds()
+    print(f'\nwrote {out_dir / "benchmark_backbone.csv"} and {out_dir / "benchmark_backbone.png"}'
+          f' ({elapsed / 60:.1f} min)')
+    return rows
+
+
+if __name__ == '__main__':
+    main()
