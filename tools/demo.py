@@ -134,7 +134,7 @@ def main(argv=None):
     parser.add_argument('--teacher-iters', type=int, default=1500)
     parser.add_argument('--transfer-iters', type=int, default=200)
     parser.add_argument('--det-epochs', type=int, default=12)
-    parser.add_argument('--seg-iters', type=int, default=200)
+    parser.add_argument('--seg-iters', type=int, default=400)
     parser.add_argument('--skip-dense', action='store_true', help='stop after classification')
     parser.add_argument('--force', action='store_true', help='redo stages already done')
     args = parser.parse_args(argv)

@@ -24,7 +24,14 @@ model = dict(
         bbox_roi_extractor=dict(out_channels=channels),
         bbox_head=dict(in_channels=channels, fc_out_channels=256, num_classes=4),
         mask_roi_extractor=dict(out_channels=channels),
-        mask_head=dict(in_channels=channels, conv_out_channels=channels, num_classes=4)))
+        mask_head=dict(in_channels=channels, conv_out_channels=channels, num_classes=4)),
+    # a few objects in 128 x 96 images: far fewer proposals and sampled RoIs than COCO's
+    train_cfg=dict(
+        rpn_proposal=dict(nms_pre=200, max_per_img=100),
+        rcnn=dict(sampler=dict(num=64))),
+    test_cfg=dict(
+        rpn=dict(nms_pre=200, max_per_img=100),
+        rcnn=dict(max_per_img=20)))
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),

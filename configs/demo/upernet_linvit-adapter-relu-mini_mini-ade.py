@@ -47,9 +47,9 @@ val_dataloader = dict(
     dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
-max_iters = 200
+max_iters = 400
 train_cfg = dict(max_iters=max_iters, val_interval=max_iters)
-optim_wrapper = dict(optimizer=dict(lr=1e-3))
+optim_wrapper = dict(optimizer=dict(lr=2e-3))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=20),
     dict(type='PolyLR', eta_min=0.0, power=1.0, begin=20, end=max_iters, by_epoch=False),
