@@ -109,12 +109,16 @@ def test_student_equal_to_teacher_has_zero_loss_then_positive(tmp_path, mini_dat
 
 
 def test_distillation_alone_drives_the_loss_down(tmp_path, mini_data_root, teacher_ckpt):
-    cfg = make_cfg(tmp_path, mini_data_root, teacher_ckpt, attn_type='relu', max_iters=12)
+    # The teacher's weights in a relu student: the operator swap perturbs every block.
+    cfg = make_cfg(tmp_path, mini_data_root, teacher_ckpt, attn_type='relu',
+                   student_from_teacher=True, max_iters=12)
     cfg.model.head.loss = dict(type='CrossEntropyLoss', loss_weight=0.0)
-    cfg.optim_wrapper.optimizer.lr = 3e-3
+    cfg.optim_wrapper.optimizer.lr = 1e-3
     _, recorder = run(cfg)
     distill = [loss['loss_distill'] for loss in recorder.losses]
-    assert distill[-1] < 0.5 * distill[0], distill
+    assert distill[0] > 0
+    # batches differ from step to step: compare the first and last four steps
+    assert sum(distill[-4:]) < 0.6 * sum(distill[:4]), distill
 
 
 def test_teacher_frozen_and_never_saved(tmp_path, mini_data_root, teacher_ckpt):

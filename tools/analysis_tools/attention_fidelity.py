@@ -290,8 +290,9 @@ def compare(student, teacher, batches, patch_tokens_only):
             for kind in ('attn', 'block'):
                 student_out, teacher_out = getattr(student_rec, kind), getattr(teacher_rec, kind)
                 for index in range(num_blocks):
+                    num_patches = student_out[index].shape[-2] - student.num_extra_tokens
                     stats[kind][index].add(*align_tokens(student_out[index], teacher_out[index],
-                                                         patch_tokens_only))
+                                                         num_patches, patch_tokens_only))
     finally:
         student_rec.remove()
         teacher_rec.remove()

@@ -18,6 +18,7 @@ class _Recorder:
         self.with_maps = with_maps
         self.outputs = {}
         self.maps = {}
+        self.num_patches = None
         self.handles = []
         for index in layer_ids:
             module = attn_modules[index]
@@ -34,6 +35,8 @@ class _Recorder:
             if recorder is None or mod is not module_ref() or not recorder.active:
                 return
             recorder.outputs[index] = output[0] if isinstance(output, tuple) else output
+            height, width = args[1]
+            recorder.num_patches = height * width
             if recorder.with_maps:
                 recorder.maps[index] = mod.attention_map(*args[:2])
 
@@ -59,14 +62,19 @@ def _attention_modules(model):
     return [m for m in model.modules() if isinstance(m, BaseAttention)]
 
 
-def align_tokens(student, teacher, patch_only):
-    """Align token axes: compare patch tokens only where the student has no class token
-    (or when asked); patch tokens sit at the end of both sequences."""
-    n_student, n_teacher = student.shape[-2], teacher.shape[-2]
-    if n_student == n_teacher and not patch_only:
+def align_tokens(student, teacher, num_patches, patch_only, is_map=False):
+    """Make student and teacher tokens comparable.
+
+    Both sequences end with the same ``num_patches`` patch tokens (same image, same
+    grid); a class token, where present, leads. Everything is compared when the
+    sequences match, the patch tokens only when they do not (a student without class
+    token) or when asked. ``is_map``: ``(..., N, N)`` maps, aligned on both token axes.
+    """
+    if student.shape[-2] == teacher.shape[-2] and not patch_only:
         return student, teacher
-    num_patches = min(n_student, n_teacher) - (1 if patch_only and n_student == n_teacher else 0)
-    return student[..., -num_patches:, :], teacher[..., -num_patches:, :]
+    patches = slice(-num_patches, None)
+    index = (..., patches, patches) if is_map else (..., patches, slice(None))
+    return student[index], teacher[index]
 
 
 @HOOKS.register_module()
@@ -234,13 +242,9 @@ class AttentionDistillHook(Hook):
                                f'{missing}; does the student run all its blocks?')
         loss = 0.
         for index in self._student_rec.layer_ids:
-            student_value, teacher_value = student_rec[index], teacher_rec[index]
-            if self.target == 'map':
-                student_value, teacher_value = _align_maps(student_value, teacher_value,
-                                                           self.patch_tokens_only)
-            else:
-                student_value, teacher_value = align_tokens(student_value, teacher_value,
-                                                            self.patch_tokens_only)
+            student_value, teacher_value = align_tokens(
+                student_rec[index], teacher_rec[index], self._student_rec.num_patches,
+                self.patch_tokens_only, is_map=self.target == 'map')
             loss = loss + F.mse_loss(student_value.float(), teacher_value.float())
         output = dict(output)
         if 'loss' in output:
@@ -259,14 +263,3 @@ class AttentionDistillHook(Hook):
             if recorder is not None:
                 recorder.remove()
         self.teacher = None
-
-
-def _align_maps(student_map, teacher_map, patch_only):
-    """Maps are ``(B, h, N, N)``: align both token axes the way outputs are aligned."""
-    n_student, n_teacher = student_map.shape[-1], teacher_map.shape[-1]
-    if n_student == n_teacher and not patch_only:
-        return student_map, teacher_map
-    num_patches = min(n_student, n_teacher) - (1 if patch_only and n_student == n_teacher else 0)
-    # Re-normalise nothing: each map keeps the weights its operator really uses.
-    return (student_map[..., -num_patches:, -num_patches:],
-            teacher_map[..., -num_patches:, -num_patches:])
