@@ -84,6 +84,30 @@ def test_memory_probe_counts_the_step_not_the_process(bench):
     assert 1.5 < peak < 64
 
 
+def test_loaded_pairs_are_retaken(bench, monkeypatch):
+    """A (forward, train step) pair timed while other processes were busy is taken again."""
+    readings = iter([2., 0.1, 0.2])  # softmax's first pair ran beside 2 busy cores
+
+    class FakeLoad:
+        def start(self):
+            pass
+
+        def stop(self):
+            return next(readings)
+
+    waits = []
+    monkeypatch.setattr(bench, 'BackgroundLoad', FakeLoad)
+    monkeypatch.setattr(bench, 'wait_for_quiet', lambda *args: waits.append(args))
+    rows = bench.benchmark_size(32, ['softmax', 'relu'], TINY_ARCH, bench.torch.device('cpu'),
+                                repeats=1, warmup=0, log=lambda msg: None, max_background=.5,
+                                max_retakes=2)
+    assert {row['operator']: row['retakes'] for row in rows} == {'softmax': 1, 'relu': 0}
+    assert len(waits) == 1
+    assert all(len(row['fwd_samples_ms']) == 1 for row in rows)
+    # time-weighted over the kept pairs only: 0.1 and 0.2 cores
+    assert .1 <= rows[0]['background_cores'] <= .2
+
+
 def _row(tokens, op, fwd, train, peak, bound):
     return dict(patch_tokens=tokens, operator=op, fwd_ms=fwd, train_ms=train, peak_mib=peak,
                 mac_bound=bound, speedup_fwd=None, speedup_train=None)

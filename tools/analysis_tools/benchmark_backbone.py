@@ -92,7 +92,7 @@ CSV_COLUMNS = ('size', 'patch_tokens', 'tokens', 'operator', 'fwd_ms', 'train_ms
                'speedup_fwd', 'speedup_train', 'mac_bound', 'fwd_pct_of_bound',
                'train_pct_of_bound', 'gmacs', 'fwd_cpu_ms', 'train_cpu_ms', 'cpu_speedup_fwd',
                'cpu_speedup_train', 'fwd_samples_ms', 'train_samples_ms', 'repeats',
-               'warmup', 'threads', 'background_cores', 'device', 'memory_method')
+               'warmup', 'threads', 'background_cores', 'retakes', 'device', 'memory_method')
 # Issue targets (CPU, fp32, batch 1, ViT-S).
 BOUND_FRACTION = {'elu': .90, 'relu': .90, 'inline': .90, 'mhla': .75, 'ttt': .75}
 BOUND_TARGET_TOKENS = (4096, 16384)
@@ -371,36 +371,71 @@ class BackgroundLoad:
         return max(0., busy_s - own_s) / max(time.perf_counter() - wall0, 1e-9)
 
 
+def wait_for_quiet(max_background, timeout_s, window_s=2.):
+    """Sleep in ``window_s`` steps until other processes keep at most ``max_background``
+    cores busy over one window, or ``timeout_s`` passes; returns the last reading."""
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        load = BackgroundLoad()
+        load.start()
+        time.sleep(window_s)
+        busy = load.stop()
+        if busy is None or busy <= max_background or time.perf_counter() >= deadline:
+            return busy
+
+
 # ---------------------------------------------------------------- the run
 def rotated(items, shift):
     shift %= len(items)
     return list(items[shift:]) + list(items[:shift])
 
 
-def benchmark_size(size, operators, arch, device, repeats, warmup, threads, log=print):
-    """Interleaved timings of every operator at one size; returns one dict per operator."""
+def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
+                   max_background=None, max_retakes=0, quiet_timeout_s=900.):
+    """Interleaved timings of every operator at one size; returns one dict per operator.
+
+    With ``max_background``, a timed (forward, training step) pair during which other
+    processes kept more cores busy than that is thrown away and taken again, after
+    waiting for a quiet moment, up to ``max_retakes`` times; the last take is kept
+    whatever its load. ``retakes`` in the result counts them.
+    """
     torch.manual_seed(0)
     models = {op: build_backbone(op, arch, size).to(device) for op in operators}
     images = torch.randn(1, 3, size, size, device=device)
     samples = {(op, key): [] for op in operators
                for key in ('fwd_ms', 'train_ms', 'fwd_cpu_ms', 'train_cpu_ms')}
     cuda_peak = {}
-    background = BackgroundLoad()
+    retakes = dict.fromkeys(operators, 0)
+    busy_core_s = timed_s = 0.  # other processes' load over the kept pairs, time-weighted
     for rep in range(warmup + repeats):
-        if rep == warmup:
-            background.start()
         for op in rotated(operators, rep):
-            fwd = time_forward(models[op], images)
-            train = time_train_step(models[op], images)
-            models[op].zero_grad(set_to_none=True)
+            for attempt in range(max_retakes + 1):
+                pair_load = BackgroundLoad()
+                pair_load.start()
+                fwd = time_forward(models[op], images)
+                train = time_train_step(models[op], images)
+                models[op].zero_grad(set_to_none=True)
+                busy = pair_load.stop()
+                if (rep < warmup or max_background is None or busy is None
+                        or busy <= max_background or attempt == max_retakes):
+                    break
+                retakes[op] += 1
+                log(f'  {size}px {op:8s} retake: other processes kept {busy:.2f} cores busy '
+                    f'(fwd {fwd.wall_ms:.1f} ms, train {train.wall_ms:.1f} ms)')
+                wait_for_quiet(max_background, quiet_timeout_s)
             if rep >= warmup:
+                if busy is not None:
+                    pair_s = (fwd.wall_ms + train.wall_ms) / 1e3
+                    busy_core_s += busy * pair_s
+                    timed_s += pair_s
                 for key, value in (('fwd_ms', fwd.wall_ms), ('train_ms', train.wall_ms),
                                    ('fwd_cpu_ms', fwd.cpu_ms), ('train_cpu_ms', train.cpu_ms)):
                     samples[op, key].append(value)
             log(f'  {size}px {"warm-up" if rep < warmup else f"rep {rep - warmup + 1}"} '
                 f'{op:8s} fwd {fwd.wall_ms:10.1f} ms  train {train.wall_ms:10.1f} ms  '
-                f'(cpu {fwd.cpu_ms:10.1f} / {train.cpu_ms:10.1f} ms)')
-    background_cores = background.stop()
+                f'(cpu {fwd.cpu_ms:10.1f} / {train.cpu_ms:10.1f} ms)'
+                + ('' if busy is None else f'  others {busy:.2f} cores'))
+    background_cores = busy_core_s / timed_s if timed_s else None
     if device.type == 'cuda':
         cuda_peak = {op: cuda_train_peak_mib(models[op], images) for op in operators}
     first = models[operators[0]]
@@ -413,7 +448,7 @@ def benchmark_size(size, operators, arch, device, repeats, warmup, threads, log=
                          operator=op, peak_mib=cuda_peak.get(op), macs=macs,
                          fwd_samples_ms=samples[op, 'fwd_ms'],
                          train_samples_ms=samples[op, 'train_ms'],
-                         background_cores=background_cores,
+                         background_cores=background_cores, retakes=retakes[op],
                          **{key: statistics.median(samples[op, key])
                             for key in ('fwd_ms', 'train_ms', 'fwd_cpu_ms', 'train_cpu_ms')}))
     del models
@@ -455,6 +490,8 @@ def format_table(rows, size):
         return ''
     load = group[0].get('background_cores')
     load = '' if load is None else f'; other processes kept {load:.2f} cores busy meanwhile'
+    retakes = sum(row.get('retakes') or 0 for row in group)
+    load += f' ({retakes} pairs retaken)' if retakes else ''
     head = (f'{size}x{size} px, {group[0]["patch_tokens"]} patch tokens, median of '
             f'{group[0].get("repeats", "?")}{load}\n'
             f'{"operator":9s} {"fwd ms":>10s} {"train ms":>10s} {"peak MiB":>9s} '
@@ -573,6 +610,12 @@ def parse_args(argv=None):
     parser.add_argument('--large-warmup', type=int, default=None)
     parser.add_argument('--threads', type=int, default=None,
                         help='torch intra-op threads (default: all cores)')
+    parser.add_argument('--max-background', type=float, default=None,
+                        help='on a shared machine: retake a timed forward + training-step pair '
+                             'during which other processes kept more than this many cores '
+                             'busy (read from /proc/stat), after waiting for a quiet moment')
+    parser.add_argument('--max-retakes', type=int, default=3,
+                        help='retakes per pair with --max-background; the last take is kept')
     parser.add_argument('--no-memory', action='store_true',
                         help='skip the peak-memory measurement')
     parser.add_argument('--out-dir', default='work_dirs/benchmark')
@@ -619,7 +662,9 @@ def main(argv=None):
         print(f'[{size}px] timing {", ".join(operators)}: {repeats} repeats after {warmup} '
               f'warm-up', flush=True)
         size_rows = benchmark_size(size, operators, args.arch, device, repeats, warmup,
-                                   args.threads, log=lambda msg: print(msg, flush=True))
+                                   log=lambda msg: print(msg, flush=True),
+                                   max_background=args.max_background,
+                                   max_retakes=args.max_retakes)
         for row in size_rows:
             row.update(repeats=repeats, warmup=warmup)
         if device.type == 'cpu' and not args.no_memory:
