@@ -45,15 +45,17 @@ def classification_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp('cls_stage')
     paths = {}
 
-    def get(attn_type):
-        if attn_type not in paths:
-            vit = LinearViT(arch=DENSE_ARCH, attn_type=attn_type, img_size=224)
+    def get(attn_type, patch_size):
+        key = attn_type, patch_size
+        if key not in paths:
+            vit = LinearViT(arch=DENSE_ARCH, attn_type=attn_type, img_size=224,
+                            patch_size=patch_size)
             vit.init_weights()
             state = {f'backbone.{k}': v for k, v in vit.state_dict().items()}
             state['head.layers.head.weight'] = torch.zeros(1000, 32)
-            paths[attn_type] = str(root / f'{attn_type}.pth')
-            torch.save({'state_dict': state, 'meta': {}}, paths[attn_type])
-        return paths[attn_type]
+            paths[key] = str(root / f'{attn_type}_patch{patch_size}.pth')
+            torch.save({'state_dict': state, 'meta': {}}, paths[key])
+        return paths[key]
 
     return get
 
@@ -168,7 +170,8 @@ def run_segmentation(cfg, checkpoint):
     samples = []
     for _ in range(2):  # UperNet's pooling branch has BN on 1x1 maps: needs 2 images
         sample = SegDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w)))
-        sample.gt_sem_seg = PixelData(data=torch.randint(0, 150, (1, h, w)))
+        sample.gt_sem_seg = PixelData(
+            data=torch.randint(0, cfg.model.decode_head.num_classes, (1, h, w)))
         samples.append(sample)
     data = dict(inputs=[torch.randint(0, 256, (3, h, w), dtype=torch.uint8) for _ in samples],
                 data_samples=samples)
@@ -207,6 +210,8 @@ def test_config_builds_and_runs(config, softmax_checkpoint, classification_check
         if scope == 'mmpretrain':
             model = run_classification(cfg, softmax_checkpoint)
         else:
-            checkpoint = classification_checkpoints(cfg.model.backbone.vit.attn_type)
+            vit = cfg.model.backbone.vit
+            # the demo's mini ViT uses 8-pixel patches; the checkpoint must match the model
+            checkpoint = classification_checkpoints(vit.attn_type, vit.get('patch_size', 16))
             model = (run_detection if scope == 'mmdet' else run_segmentation)(cfg, checkpoint)
         build_optim_wrapper(model, cfg.optim_wrapper)
