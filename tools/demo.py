@@ -34,7 +34,7 @@ DET_CONFIG = 'mask-rcnn_linvit-adapter-relu-mini_fpn_mini-coco.py'
 SEG_CONFIG = 'upernet_linvit-adapter-relu-mini_mini-ade.py'
 # Lines of the tools' logs worth showing while a stage runs.
 PROGRESS = re.compile(r'Iter\(train\)|Epoch\(train\)|accuracy/top1|bbox_mAP_copypaste|'
-                      r'segm_mAP_copypaste|mIoU|Error|error:')
+                      r'segm_mAP_copypaste|mIoU: |Error|error:')
 
 
 def log(message):
@@ -229,7 +229,8 @@ def main(argv=None):
         miou = metric(seg_out, 'mIoU')
         print()
         print(f'  from the {best} classifier ({args.attn_type}):')
-        print(f'  Mask R-CNN (mini COCO val): box AP {box_ap:.3f}, mask AP {mask_ap:.3f}')
+        print(f'  Mask R-CNN (mini COCO val): box mAP {box_ap:.3f} ({100 * box_ap:.1f} AP), '
+              f'mask mAP {mask_ap:.3f} ({100 * mask_ap:.1f} AP)')
         print(f'  UperNet (mini ADE20K val):  mIoU {miou:.2f}')
         print()
         summary.update(best_setting=best, coco_bbox_mAP=box_ap, coco_segm_mAP=mask_ap,
