@@ -7,9 +7,8 @@ the feature map ``phi``.
 """
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from .base import BaseAttention, float32_state, register_attention
+from .base import float32_state, register_attention
+from .map_attention import LinearMapAttention
 
 
 def elu_feature_map(x):
@@ -35,7 +34,7 @@ def relu_feature_map(x):
 FEATURE_MAPS = {'elu': elu_feature_map, 'relu': relu_feature_map}
 
 
-class KernelAttention(BaseAttention):
+class KernelAttention(LinearMapAttention):
     """Linear attention ``phi(Q) (phi(K)^T V)`` with a row normaliser.
 
     Weight shapes equal Softmax attention, so Softmax checkpoints load by name.
@@ -57,16 +56,10 @@ class KernelAttention(BaseAttention):
             representable in float32, where the division happens.
     """
 
-    has_map = True
-
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  feature_map='relu', eps=1e-6):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                          proj_drop=proj_drop)
-        if attn_drop:
-            raise ValueError(f'attn_drop={attn_drop}: linear attention never forms the N x N '
-                             f'map that attention dropout acts on; use attn_drop=0 (proj_drop '
-                             f'is supported)')
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f'unknown feature_map {feature_map!r}; valid feature maps are: '
                              f'{", ".join(sorted(FEATURE_MAPS))}')
@@ -75,8 +68,6 @@ class KernelAttention(BaseAttention):
                              f'got {eps}')
         self.feature_map = feature_map
         self.eps = eps
-        self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
-        self.proj = nn.Linear(embed_dims, embed_dims)
 
     def _features(self, q, k):
         phi = FEATURE_MAPS[self.feature_map]
@@ -92,40 +83,13 @@ class KernelAttention(BaseAttention):
             out = (q @ kv_state) / (normaliser + self.eps)
         return out.to(out_dtype)
 
-    def _kernel_map(self, q, k):
+    def _map(self, q, k):
         """Row-normalised ``phi(q) phi(k)^T``, computed like the fast path (float32 state)."""
         with torch.autocast(device_type=q.device.type, enabled=False):
             q, k = float32_state(q, k)
             q, k = self._features(q, k)
             scores = q @ k.transpose(-2, -1)
             return scores / (scores.sum(dim=-1, keepdim=True) + self.eps)
-
-    def _with_map(self, q, k, v):
-        attn = self._kernel_map(q, k)
-        with torch.autocast(device_type=v.device.type, enabled=False):
-            out = attn @ float32_state(v)[0]
-        return out.to(v.dtype), attn
-
-    def forward(self, x, hw_shape, return_map=False):
-        self.num_extra_tokens(x, hw_shape)
-        q, k, v = self.split_heads(self.qkv(x))
-        if return_map:
-            out, attn = self._with_map(q, k, v)
-        else:
-            out = self._linear(q, k, v)
-        out = self.proj_drop(self.proj(self.merge_heads(out)))
-        return (out, attn) if return_map else out
-
-    def forward_reference(self, x, hw_shape):
-        self.num_extra_tokens(x, hw_shape)
-        q, k, v = self.split_heads(self.qkv(x))
-        out, _ = self._with_map(q, k, v)
-        return self.proj_drop(self.proj(self.merge_heads(out)))
-
-    def attention_map(self, x, hw_shape):
-        self.num_extra_tokens(x, hw_shape)
-        q, k, _ = self.split_heads(self.qkv(x))
-        return self._kernel_map(q, k)
 
     def extra_repr(self):
         return f'{super().extra_repr()}, feature_map={self.feature_map!r}, eps={self.eps}'

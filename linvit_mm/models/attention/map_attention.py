@@ -1,0 +1,70 @@
+"""Base of the linear operators that are also an explicit N x N map (elu, relu, inline)."""
+from abc import abstractmethod
+
+import torch
+from torch import nn
+
+from .base import BaseAttention, float32_state
+
+
+class LinearMapAttention(BaseAttention):
+    """A linear operator whose output equals ``A V`` for an N x N map ``A`` it can also form.
+
+    The fast form (``_linear``) sums a ``d x d`` state over the tokens and never forms
+    ``A``; the map (``_map``) is the O(N^2) oracle of the tests and the distillation
+    target of ``target='map'``. Subclasses define both from the same ``q, k, v`` heads;
+    weight shapes equal Softmax attention (``qkv``, ``proj``), so Softmax checkpoints
+    load by name.
+
+    Under autocast the map and its product with the values run in float32 with autocast
+    disabled, like the fast form's state; the result returns to the dtype of the
+    projections' output before ``proj``.
+    """
+
+    has_map = True
+
+    def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.):
+        super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                         proj_drop=proj_drop)
+        if attn_drop:
+            raise ValueError(f'attn_drop={attn_drop}: this linear attention never forms the '
+                             f'N x N map that attention dropout acts on; use attn_drop=0 '
+                             f'(proj_drop is supported)')
+        self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+
+    @abstractmethod
+    def _linear(self, q, k, v):
+        """``(B, heads, N, d)`` heads -> the output heads, in O(N d^2)."""
+
+    @abstractmethod
+    def _map(self, q, k):
+        """The ``(B, heads, N, N)`` map, in float32."""
+
+    def _with_map(self, q, k, v):
+        attn = self._map(q, k)
+        with torch.autocast(device_type=v.device.type, enabled=False):
+            out = attn @ float32_state(v)[0]
+        return out.to(v.dtype), attn
+
+    def _heads(self, x, hw_shape):
+        self.num_extra_tokens(x, hw_shape)  # validates the grid against the token count
+        return self.split_heads(self.qkv(x))
+
+    def _project(self, heads):
+        return self.proj_drop(self.proj(self.merge_heads(heads)))
+
+    def forward(self, x, hw_shape, return_map=False):
+        q, k, v = self._heads(x, hw_shape)
+        if return_map:
+            out, attn = self._with_map(q, k, v)
+            return self._project(out), attn
+        return self._project(self._linear(q, k, v))
+
+    def forward_reference(self, x, hw_shape):
+        out, _ = self._with_map(*self._heads(x, hw_shape))
+        return self._project(out)
+
+    def attention_map(self, x, hw_shape):
+        q, k, _ = self._heads(x, hw_shape)
+        return self._map(q, k)
