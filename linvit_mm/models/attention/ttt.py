@@ -150,14 +150,19 @@ class TTTAttention(BaseAttention):
         # of zero-filling a full-size gradient per slice
         z1, z2 = (k @ w12).chunk(2, dim=-1)
         gate = torch.sigmoid(z2)
-        silu = z2 * gate
-        # silu'(z) = sig(z) (1 + z (1 - sig(z))) = sig(z) + silu(z) (1 - sig(z))
-        silu_grad = torch.addcmul(gate, silu, 1. - gate)
-        # dF/dW1 and dF/dW2 times dL/dF(k_i) = -scale / n * v_i; the scale is applied to the
-        # d x d sums rather than to the n x d values.
-        grad = k.transpose(-2, -1) @ torch.cat([v * silu, v * z1 * silu_grad], dim=-1)
-        grad = grad * (-self.inner_scale / k.shape[-2])
-        return w12 - _normalise_gradient(grad, -2)
+        # dF/dW1 and dF/dW2 times dL/dF(k_i) = -scale / n * v_i. With
+        # silu'(z) = sig(z) (1 + z (1 - sig(z))), vg = v sig(z2) and a = v silu(z2) = vg z2,
+        # the W1 factor v z1 silu'(z2) is z1 (vg + a (1 - sig(z2))): one elementwise pass
+        # fewer than forming silu and silu' first.
+        vg = v * gate
+        a = vg * z2
+        grad = k.mT @ torch.cat([a, z1 * torch.addcmul(vg, a, 1. - gate)], dim=-1)
+        # A column norm of this (d, 2d) layout is a strided reduction, several times slower
+        # than the whole normalisation on a contiguous copy of the transpose.
+        norm = grad.mT.contiguous().norm(dim=-1).unsqueeze(-2)
+        # With grad = c G, c = -scale / n < 0, the step w - c G / (|c| ||G|| + 1) is
+        # w + G / (||G|| + 1 / |c|): the scale folds into the norm's offset.
+        return torch.addcdiv(w12, grad, norm + k.shape[-2] / self.inner_scale)
 
     def _conv_step(self, k_grid, v_grid):
         """One normalised gradient step of the depthwise kernel per image: ``(B, d, 3, 3)``.
@@ -169,9 +174,11 @@ class TTTAttention(BaseAttention):
         B, d, H, W = k_grid.shape
         grad = F.conv2d(k_grid.reshape(1, B * d, H, W), v_grid.reshape(B * d, 1, H, W),
                         padding=1, groups=B * d)
-        grad = grad.view(B, d, 3, 3) * (-self.inner_scale / (H * W))
+        grad = grad.view(B, d, 3, 3)
         (w3, ) = float32_state(self.w3)
-        return w3.view(1, d, 3, 3) - _normalise_gradient(grad, (-2, -1))
+        # the scale folds into the norm's offset, as in ``_swiglu_step``
+        return torch.addcdiv(w3.view(1, d, 3, 3), grad,
+                             grad.norm(dim=(-2, -1), keepdim=True) + H * W / self.inner_scale)
 
     def _conv_read(self, q_grid, w3):
         """Each image's own depthwise kernel on its queries: ``(B, d, H, W)`` -> ``(B, HW, d)``."""
@@ -181,16 +188,23 @@ class TTTAttention(BaseAttention):
         return self._tokens(out.reshape(B, d, H, W))
 
     def _inner(self, qkv, num_extra, hw_shape):
-        C, d = self.embed_dims, self.head_dims
-        swiglu_qkv, conv_qkv = qkv.split([3 * C, 3 * d], dim=-1)
-        q, k, v = float32_state(*self.split_heads(swiglu_qkv))
+        B, N, _ = qkv.shape
+        heads, d = self.num_heads, self.head_dims
+        # qkv's rows are 3 * heads + 3 blocks of d (q, k, v of every head, then of the conv
+        # head): one split, whose backward assembles qkv's gradient in a single cat.
+        q, k, v, q_conv, k_conv, v_conv = float32_state(*qkv.view(B, N, 3 * heads + 3, d).split(
+            [heads, heads, heads, 1, 1, 1], dim=2))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         z1, z2 = (q @ self._swiglu_step(k, v)).chunk(2, dim=-1)
         swiglu_out = z1 * F.silu(z2)                                      # (B, heads, N, d)
 
-        q_conv, k_conv, v_conv = float32_state(*conv_qkv.chunk(3, dim=-1))
-        w3 = self._conv_step(self._grid(k_conv[:, num_extra:], hw_shape),
-                             self._grid(v_conv[:, num_extra:], hw_shape))
-        conv_out = self._conv_read(self._grid(q_conv[:, num_extra:], hw_shape), w3)
+        q_conv, k_conv, v_conv = q_conv.squeeze(2), k_conv.squeeze(2), v_conv.squeeze(2)
+        # a slice's backward zero-fills its input's gradient, so slice only if there is
+        # anything to drop
+        q_grid, k_grid, v_grid = (self._grid(t[:, num_extra:] if num_extra else t, hw_shape)
+                                  for t in (q_conv, k_conv, v_conv))
+        w3 = self._conv_step(k_grid, v_grid)
+        conv_out = self._conv_read(q_grid, w3)
         if num_extra:
             extra_out = q_conv[:, :num_extra] * w3[:, None, :, 1, 1]
             conv_out = torch.cat([extra_out, conv_out], dim=1)
