@@ -480,7 +480,11 @@ def add_ratios(rows):
 
 
 def _fmt(value, spec):
-    return '-' if value is None else format(value, spec)
+    """``format(value, spec)``; a missing value is a ``-`` of the same width."""
+    if value is None:
+        width = spec.split('.')[0]
+        return format('-', f'>{width}') if width else '-'
+    return format(value, spec)
 
 
 def format_table(rows, size):
