@@ -88,6 +88,9 @@ class TTTAttention(BaseAttention):
         if attn_drop != 0:
             raise ValueError(f'the ttt operator has no attention map, so attn_drop must be 0, '
                              f'got {attn_drop}')
+        if not inner_scale > 0:
+            # the fast steps fold -scale / n into the norm clip's offset, which needs scale > 0
+            raise ValueError(f'inner_scale must be positive, got {inner_scale}')
         d = self.head_dims
         self.inner_scale = float(inner_scale)
         self.qkv = nn.Linear(embed_dims, 3 * embed_dims + 3 * d, bias=qkv_bias)

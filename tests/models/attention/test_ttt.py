@@ -254,6 +254,8 @@ def test_invalid_arguments():
         build_attention('ttt', embed_dims=EMBED_DIMS, num_heads=NUM_HEADS, attn_drop=0.1)
     with pytest.raises(ValueError, match='divisible'):
         build_attention('ttt', embed_dims=25, num_heads=NUM_HEADS)
+    with pytest.raises(ValueError, match='inner_scale must be positive'):
+        build_attention('ttt', embed_dims=EMBED_DIMS, num_heads=NUM_HEADS, inner_scale=-1.)
     module = make(spread=0)
     with pytest.raises(ValueError, match='tokens cannot hold'):
         module(tokens((7, 9), 0), (8, 9))
