@@ -30,13 +30,14 @@ Example::
 """
 import argparse
 import csv
-import json
-import logging
 import statistics
 import time
 from datetime import datetime, timezone
 
 import torch
+
+from linvit_mm.utils.benchmark import (ForwardClock, parse_arch, quiet_mmengine_logs,
+                                      synchronise)
 
 OPERATORS = ('softmax', 'elu', 'relu', 'inline', 'mhla', 'ttt')
 REFERENCE = 'softmax'
@@ -46,63 +47,16 @@ CSV_COLUMNS = ('operator', 'width', 'height', 'padded_width', 'padded_height', '
                'total_samples_ms', 'repeats', 'warmup', 'threads', 'device')
 
 
-def parse_arch(text):
-    text = text.strip()
-    if text.startswith('{'):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f'--arch {text!r} is not valid JSON: {err}') from None
-    return text
-
-
-def synchronise(device):
-    if torch.device(device).type == 'cuda':
-        torch.cuda.synchronize(device)
-
-
 def padded(length, divisor=PAD_DIVISOR):
     return -(-length // divisor) * divisor
 
 
 def build_adapter(attn_type, arch, device):
-    from mmengine.logging import MMLogger
-
     from linvit_mm.models.adapters import LinearViTAdapter
     model = LinearViTAdapter(vit=dict(arch=arch, attn_type=attn_type, img_size=224))
-    logger = MMLogger.get_current_instance()
-    level = logger.level
-    logger.setLevel(logging.WARNING)  # init_weights logs every parameter
-    try:
+    with quiet_mmengine_logs():
         model.init_weights()
-    finally:
-        logger.setLevel(level)
     return model.to(device).eval()
-
-
-class BlockClock:
-    """Summed wall time of the ViT blocks, via hooks around each block's forward."""
-
-    def __init__(self, blocks, device):
-        self.device = device
-        self.total = 0.
-        self._start = None
-        self.handles = []
-        for block in blocks:
-            self.handles.append(block.register_forward_pre_hook(self._begin))
-            self.handles.append(block.register_forward_hook(self._end))
-
-    def _begin(self, *args):
-        synchronise(self.device)
-        self._start = time.perf_counter()
-
-    def _end(self, *args):
-        synchronise(self.device)
-        self.total += time.perf_counter() - self._start
-
-    def take(self):
-        total, self.total = self.total, 0.
-        return total
 
 
 @torch.no_grad()
@@ -129,7 +83,7 @@ def benchmark(operators, arch, size, device, repeats, warmup, log=print):
     models, clocks = {}, {}
     for op in operators:
         models[op] = build_adapter(op, arch, device)
-        clocks[op] = BlockClock(models[op].vit.layers, device)
+        clocks[op] = ForwardClock(models[op].vit.layers, device)
     patch = models[operators[0]].vit.patch_size
     samples = {op: [] for op in operators}
     block_samples = {op: [] for op in operators}

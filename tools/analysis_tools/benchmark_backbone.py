@@ -73,7 +73,6 @@ import argparse
 import csv
 import gc
 import json
-import logging
 import os
 import statistics
 import subprocess
@@ -84,6 +83,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from linvit_mm.utils.benchmark import parse_arch, quiet_mmengine_logs, synchronise
 
 OPERATORS = ('softmax', 'elu', 'relu', 'inline', 'mhla', 'ttt')
 DEFAULT_SIZES = (224, 512, 1024, 2048)
@@ -104,36 +105,15 @@ PROBE_GRID = 2  # patches per side of the subprocess's warm-up input
 
 
 # ---------------------------------------------------------------- model construction
-def parse_arch(text):
-    """``'small'`` (any LinearViT arch name) or a JSON dict of the four arch keys."""
-    if isinstance(text, dict):
-        return text
-    text = text.strip()
-    if text.startswith('{'):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f'--arch {text!r} is not valid JSON: {err}') from None
-    return text
-
-
 def build_backbone(attn_type, arch, size, patch_size=16, init=True):
     """A LinearViT for ``size``-px inputs; ``init`` runs the DeiT initialisation (values
     only matter for timing through denormals and the like, never for MAC counts)."""
-    from mmengine.logging import MMLogger
-
     from linvit_mm.models.backbones.linear_vit import LinearViT
     model = LinearViT(arch=arch, attn_type=attn_type, img_size=size, patch_size=patch_size)
     if not init:
         return model
-    # init_weights dumps every parameter's init at INFO; the benchmark only needs the values
-    logger = MMLogger.get_current_instance()
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
+    with quiet_mmengine_logs():
         model.init_weights()
-    finally:
-        logger.setLevel(level)
     return model
 
 
@@ -221,11 +201,6 @@ def mac_bound(attn_type, size, arch='small', patch_size=16, blocks_only=False):
 
 
 # ---------------------------------------------------------------- timing
-def synchronise(device):
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-
-
 def scalar_loss(outputs):
     return sum(out.float().mean() for out in outputs)
 

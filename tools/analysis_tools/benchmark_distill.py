@@ -40,7 +40,6 @@ Example::
 """
 import argparse
 import json
-import logging
 import statistics
 import time
 import types
@@ -48,62 +47,33 @@ from datetime import datetime, timezone
 
 import torch
 
+from linvit_mm.utils.benchmark import (ForwardClock, parse_arch, quiet_mmengine_logs,
+                                      synchronise)
+
 TARGET_RATIO = 1.35
 IMAGENET_MEAN = [123.675, 116.28, 103.53]
 IMAGENET_STD = [58.395, 57.12, 57.375]
-
-
-def parse_arch(text):
-    """``'small'`` (any LinearViT arch name) or a JSON dict of the four arch keys."""
-    text = text.strip()
-    if text.startswith('{'):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f'--arch {text!r} is not valid JSON: {err}') from None
-    return text
-
-
-def arch_width(arch):
-    from linvit_mm.models.backbones.linear_vit import LinearViT
-    if isinstance(arch, dict):
-        return arch['embed_dims']
-    if arch.lower() not in LinearViT.arch_zoo:
-        raise ValueError(f'unknown --arch {arch!r}; valid archs are '
-                         f'{sorted(set(LinearViT.arch_zoo))} or a JSON dict')
-    return LinearViT.arch_zoo[arch.lower()]['embed_dims']
-
-
-def quiet_init(module):
-    """``init_weights`` without mmengine's per-parameter INFO dump."""
-    from mmengine.logging import MMLogger
-    logger = MMLogger.get_current_instance()
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        module.init_weights()
-    finally:
-        logger.setLevel(level)
 
 
 def build_classifier(arch, attn_type, img_size, patch_size, num_classes, device):
     from mmengine.registry import DefaultScope
     from mmpretrain.registry import MODELS
 
-    import linvit_mm.models  # noqa: F401  (registers LinearViT)
+    from linvit_mm.models import LinearViT  # importing registers it
     cfg = dict(
         type='ImageClassifier',
         backbone=dict(type='LinearViT', arch=arch, attn_type=attn_type, img_size=img_size,
                       patch_size=patch_size),
         neck=None,
         head=dict(type='VisionTransformerClsHead', num_classes=num_classes,
-                  in_channels=arch_width(arch),
+                  in_channels=LinearViT.resolve_arch(arch)['embed_dims'],
                   loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original')),
         data_preprocessor=dict(type='ClsDataPreprocessor', num_classes=num_classes,
                                mean=IMAGENET_MEAN, std=IMAGENET_STD, to_rgb=True))
     with DefaultScope.overwrite_default_scope('mmpretrain'):
         model = MODELS.build(cfg)
-    quiet_init(model)
+    with quiet_mmengine_logs():
+        model.init_weights()
     return model.to(device).train()
 
 
@@ -130,38 +100,6 @@ def random_batch(batch_size, img_size, num_classes, seed=0):
                 data_samples=[DataSample().set_gt_label(int(label)) for label in labels])
 
 
-class Stopwatch:
-    """Wall time of one module's forwards, through its own pre/post forward hooks."""
-
-    def __init__(self, module, device):
-        self.device = device
-        self.total = 0.
-        self._start = None
-        self.handles = [module.register_forward_pre_hook(self._begin),
-                        module.register_forward_hook(self._end)]
-
-    def _begin(self, *args):
-        synchronise(self.device)
-        self._start = time.perf_counter()
-
-    def _end(self, *args):
-        synchronise(self.device)
-        self.total += time.perf_counter() - self._start
-
-    def take(self):
-        total, self.total = self.total, 0.
-        return total
-
-    def remove(self):
-        for handle in self.handles:
-            handle.remove()
-
-
-def synchronise(device):
-    if torch.device(device).type == 'cuda':
-        torch.cuda.synchronize(device)
-
-
 def setup_hook(model, arch, img_size, patch_size, loss_weight):
     """The real hook, set up as the Runner would: ``before_train`` on the built model."""
     from mmengine.logging import MMLogger
@@ -173,13 +111,8 @@ def setup_hook(model, arch, img_size, patch_size, loss_weight):
     # A Runner holds the model, its logger and the loop counters the hook reads.
     runner = types.SimpleNamespace(model=model, logger=MMLogger.get_current_instance(),
                                    epoch=0, iter=0)
-    logger = runner.logger
-    level = logger.level
-    logger.setLevel(logging.WARNING)  # the teacher's init_weights dump
-    try:
+    with quiet_mmengine_logs():  # the teacher's init_weights dump
         hook.before_train(runner)
-    finally:
-        logger.setLevel(level)
     return hook, runner
 
 
@@ -209,7 +142,7 @@ def benchmark(args, log=print):
     optim_wrapper = build_optim_wrapper(model, device, args.amp)
     hook, runner = setup_hook(model, args.arch, args.img_size, args.patch_size,
                               args.loss_weight)
-    teacher_clock = Stopwatch(hook.teacher, device)
+    teacher_clock = ForwardClock([hook.teacher], device)
     data = random_batch(args.batch_size, args.img_size, args.num_classes)
 
     without, with_hook, teacher, pair_ratios = [], [], [], []

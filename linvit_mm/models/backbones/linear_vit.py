@@ -157,7 +157,7 @@ class LinearViT(BaseBackbone):
                  layer_cfgs=dict(),
                  init_cfg=None):
         super().__init__(init_cfg)
-        self.arch_settings = self._arch_settings(arch)
+        self.arch_settings = self.resolve_arch(arch)
         self.embed_dims = self.arch_settings['embed_dims']
         self.num_layers = self.arch_settings['num_layers']
         self.num_heads = self.arch_settings['num_heads']
@@ -238,12 +238,15 @@ class LinearViT(BaseBackbone):
             self._freeze_stages()
 
     # ------------------------------------------------------------------ construction
-    def _arch_settings(self, arch):
+    @classmethod
+    def resolve_arch(cls, arch):
+        """The settings dict (``embed_dims``, ``num_layers``, ``num_heads``,
+        ``feedforward_channels``) of an ``arch_zoo`` name or a custom dict."""
         if isinstance(arch, str):
-            if arch.lower() not in self.arch_zoo:
+            if arch.lower() not in cls.arch_zoo:
                 raise ValueError(f'unknown arch {arch!r}; valid archs are '
-                                 f'{sorted(set(self.arch_zoo))} or a dict')
-            return dict(self.arch_zoo[arch.lower()])
+                                 f'{sorted(set(cls.arch_zoo))} or a dict')
+            return dict(cls.arch_zoo[arch.lower()])
         essential = {'embed_dims', 'num_layers', 'num_heads', 'feedforward_channels'}
         if not isinstance(arch, dict) or not essential <= set(arch):
             raise ValueError(f'a custom arch needs a dict with keys {sorted(essential)}, '
