@@ -53,23 +53,6 @@ def perturbed(state):
 
 
 @pytest.fixture(scope='module')
-def timm_model():
-    torch.manual_seed(0)
-    model = timm.create_model('deit_tiny_patch16_224', pretrained=False).eval()
-    # timm initialises every norm to (1, 0) and every bias to 0: identical tensors would
-    # hide a swapped mapping, so give each tensor its own values.
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.05 * torch.randn_like(param))
-    return model
-
-
-@pytest.fixture(scope='module')
-def timm_sd(timm_model):
-    return OrderedDict((k, v.detach().clone()) for k, v in timm_model.state_dict().items())
-
-
-@pytest.fixture(scope='module')
 def expected(timm_sd):
     return timm_to_mmpretrain(timm_sd)
 

@@ -65,23 +65,6 @@ def quiet_logger():
 
 
 @pytest.fixture(scope='module')
-def timm_deit():
-    torch.manual_seed(0)
-    model = timm.create_model('deit_tiny_patch16_224', pretrained=False).eval()
-    # timm starts norms at (1, 0) and biases at 0, like our default init: give every tensor
-    # its own values so a copy is told apart from a default.
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.05 * torch.randn_like(param))
-    return model
-
-
-@pytest.fixture(scope='module')
-def timm_sd(timm_deit):
-    return OrderedDict((k, v.detach().clone()) for k, v in timm_deit.state_dict().items())
-
-
-@pytest.fixture(scope='module')
 def sources(timm_sd):
     """Backbone tensors of the checkpoint under LinearViT names."""
     return {linvit_name(k): v for k, v in timm_sd.items() if not k.startswith('head.')}
