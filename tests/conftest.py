@@ -1,5 +1,9 @@
 """Fixtures shared by the whole test suite."""
+from pathlib import Path
+
 import pytest
+
+TINY_CONFIG = Path(__file__).parent / 'data' / 'configs' / 'tiny_cls_mini.py'
 
 
 @pytest.fixture(scope='session')
@@ -29,3 +33,22 @@ def isolated_default_scope():
     saved = DefaultScope._instance_dict.copy()
     yield
     DefaultScope._instance_dict = saved
+
+
+@pytest.fixture(scope='session')
+def teacher_ckpt(tmp_path_factory):
+    """Weights of a softmax LinearViT shaped like the backbone of ``TINY_CONFIG``, in the
+    backbone's own names: the distillation teacher of the hook and fidelity tests."""
+    import torch
+    from mmengine.config import Config
+
+    from linvit_mm.models import LinearViT
+    backbone = Config.fromfile(str(TINY_CONFIG)).model.backbone.to_dict()
+    backbone.pop('type')
+    backbone['attn_type'] = 'softmax'
+    torch.manual_seed(0)
+    teacher = LinearViT(**backbone)
+    teacher.init_weights()
+    path = tmp_path_factory.mktemp('teacher') / 'teacher.pth'
+    torch.save(teacher.state_dict(), path)
+    return path

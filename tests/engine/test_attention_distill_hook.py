@@ -46,18 +46,6 @@ class RecordLosses(Hook):
             self.teacher_inputs.append(distill[0].last_teacher_input.clone())
 
 
-@pytest.fixture(scope='module')
-def teacher_ckpt(tmp_path_factory):
-    """A softmax LinearViT's weights, in the backbone's own names."""
-    from linvit_mm.models import LinearViT
-    torch.manual_seed(0)
-    teacher = LinearViT(arch=ARCH, attn_type='softmax', img_size=32, patch_size=8)
-    teacher.init_weights()
-    path = tmp_path_factory.mktemp('teacher') / 'teacher.pth'
-    torch.save(teacher.state_dict(), path)
-    return path
-
-
 def teacher_cfg(ckpt, attn_type='softmax'):
     return dict(type='LinearViT', arch=ARCH, attn_type=attn_type, img_size=32, patch_size=8,
                 init_cfg=dict(type='Pretrained', checkpoint=str(ckpt)))

@@ -33,18 +33,6 @@ def load_tool():
 fidelity = load_tool()
 
 
-@pytest.fixture(scope='module')
-def teacher_ckpt(tmp_path_factory):
-    """A softmax LinearViT's weights, in the backbone's own names."""
-    from linvit_mm.models import LinearViT
-    torch.manual_seed(0)
-    teacher = LinearViT(arch=ARCH, attn_type='softmax', img_size=32, patch_size=8)
-    teacher.init_weights()
-    path = tmp_path_factory.mktemp('teacher') / 'teacher.pth'
-    torch.save(teacher.state_dict(), path)
-    return path
-
-
 def write_config(path, mini_data_root, teacher_ckpt, attn_type, from_teacher=False,
                  with_hook=True):
     root = mini_data_root / 'imagenet'
