@@ -42,8 +42,11 @@ written by another tool in the same layout gets the same label):
 - ``'mae'``: ``{'model': ...}`` with the decoder (``decoder_*``, ``mask_token``) or the
   global-pool ``fc_norm`` of MAE fine-tuned models.
 
-Files are always read with ``torch.load(weights_only=True)``: these are external files,
-and a pickle that carries code must be refused, never executed.
+Files are read with ``torch.load(weights_only=True)`` first; one that also pickles
+training metadata (the ``args`` namespace of DeiT / DINO / MAE releases, numpy scalars,
+mmengine run metadata) is read by ``linvit_mm.utils.checkpoint``'s restricted unpickler,
+which allows exactly those. These are external files: a pickle that carries code is
+refused, never executed.
 """
 import argparse
 import math

@@ -13,7 +13,8 @@ Usage in a config (``custom_imports=dict(imports=['linvit_mm.models',
 ``LinearViT.init_weights`` runs its default initialisation before ``init_cfg``, so the
 copies are not overwritten. Like mmengine's ``Pretrained`` the checkpoint is read when
 the initialiser is called (at ``model.init_weights()``), not when it is built; unlike it,
-only local files are read and always with ``weights_only=True``.
+only local files are read, and never by a plain unpickler (see
+:func:`load_softmax_checkpoint`).
 """
 from mmengine.model.weight_init import update_init_info
 from mmengine.registry import WEIGHT_INITIALIZERS
