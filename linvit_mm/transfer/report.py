@@ -1,5 +1,4 @@
 """The transfer report as a table for the log."""
-from collections import Counter
 
 __all__ = ['REPORT_STATUSES', 'format_transfer_report']
 
@@ -12,6 +11,14 @@ def _names(names):
     names = list(names)
     shown = ', '.join(names[:_MAX_NAMES])
     return shown + (f', ... (+{len(names) - _MAX_NAMES} more)' if len(names) > _MAX_NAMES else '')
+
+
+def _names_by_value(mapping):
+    """``{name: value}`` -> ``{value: [names]}``, in first-seen order."""
+    grouped = {}
+    for name, value in mapping.items():
+        grouped.setdefault(value, []).append(name)
+    return grouped
 
 
 def format_transfer_report(report, module_name='module'):
@@ -35,19 +42,14 @@ def format_transfer_report(report, module_name='module'):
 
     lines += [rule, fmt(header), rule] + [fmt(row) for row in rows[:-1]] + [rule, fmt(rows[-1]),
                                                                            rule]
-    by_reason = {}
-    for name, reason in report['kept own init'].items():
-        by_reason.setdefault(reason, []).append(name)
-    reasons = Counter({reason: len(names) for reason, names in by_reason.items()})
-    for reason, _ in reasons.most_common():
-        lines.append(f'kept own init ({reason}): {_names(by_reason[reason])}')
+    by_reason = _names_by_value(report['kept own init'])
+    # the most common reason first
+    for reason, names in sorted(by_reason.items(), key=lambda item: -len(item[1])):
+        lines.append(f'kept own init ({reason}): {_names(names)}')
     for key in ('absent in checkpoint', 'not in model'):
         if report[key]:
             lines.append(f'{key}: {_names(report[key])}')
-    by_text = {}
-    for name, text in report['partial'].items():
-        by_text.setdefault(text, []).append(name)
-    for text, names in by_text.items():
+    for text, names in _names_by_value(report['partial']).items():
         lines.append(f'partly copied ({text}): {_names(names)}')
     lines += [f'note: {note}' for note in report['notes']]
     return '\n'.join(lines)
