@@ -209,16 +209,16 @@ def _plan(module, ckpt, selected, prefix, notes):
             continue
         source = ckpt_tensors[rel]
         if component == 'attention':
-            rule = WIDER_ATTENTION.get(_operator_of(module, rel), {})
+            operator = _operator_of(module, rel)
+            rule = WIDER_ATTENTION.get(operator, {})
             layer_kind = rel.split('.')[-2]  # 'qkv' or 'proj'
             if rule.get(layer_kind) == 'own init':
                 status[rel] = ('kept own init',
-                               f'{OPERATOR_SPECIFIC}: the {_operator_of(module, rel)} '
+                               f'{OPERATOR_SPECIFIC}: the {operator} '
                                f'{layer_kind} layer is not a Softmax block\'s')
                 continue
             if rule.get(layer_kind) == 'leading rows' and target.shape != source.shape:
-                if (source.dim() == target.dim() and source.shape[1:] == target.shape[1:]
-                        and source.shape[0] < target.shape[0]):
+                if _differs_in_rows_only(source, target) and source.shape[0] < target.shape[0]:
                     rows = source.shape[0]
                     copies.append((target, source, rows))
                     status[rel] = ('copied', None)
@@ -239,7 +239,8 @@ def _plan(module, ckpt, selected, prefix, notes):
                 copies.append((target, resized, None))
                 status[rel] = ('copied', None)
                 notes.append(f'pos_embed: {why}')
-        elif component == 'head' and _differs_in_classes_only(source, target):
+        elif component == 'head' and _differs_in_rows_only(source, target):
+            # a head for another label set: one row per class
             status[rel] = ('kept own init',
                            f'shape differs: the checkpoint has {source.shape[0]} classes, the '
                            f'model {target.shape[0]}')
@@ -259,7 +260,8 @@ def _mismatch(name, source, target):
     return f'{name}: checkpoint {tuple(source.shape)} vs model {tuple(target.shape)}'
 
 
-def _differs_in_classes_only(source, target):
+def _differs_in_rows_only(source, target):
+    """Same shape but for the first (output) axis."""
     return (source.dim() == target.dim() and source.shape[1:] == target.shape[1:]
             and source.shape[0] != target.shape[0])
 
