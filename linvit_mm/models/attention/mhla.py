@@ -295,18 +295,17 @@ class MultiHeadLinearAttention(BaseAttention):
         real[:hw_shape[0], :hw_shape[1]] = 1.
         return self._to_blocks(real.reshape(-1, 1), (layout.padded_h, layout.padded_w), layout)
 
-    def _mixed_linear(self, qk, v, hw_shape, num_extra):
+    def _mixed_linear(self, qk, v, hw_shape, layout, num_extra):
         """Queries and keys ``(B, N, 2C)``, values ``(B, N, C)`` -> attention outputs of the
         patch tokens ``(B, H*W, C)`` and of the extra tokens ``(B, num_extra, C)`` (``None``
         if none).
 
-        One copy each takes the patch queries with keys, and the values, to block-major
-        head layout. The normaliser rides
+        ``layout`` is :meth:`block_layout` of ``hw_shape``. One copy each takes the patch
+        queries with keys, and the values, to block-major head layout. The normaliser rides
         along with the numerator: ``z_b = phi(K_b)^T 1`` is appended to ``S_b`` as an extra
         column, so one ``M x M`` mixing and one query product produce both
         ``phi(q)^T sum_j W_ij S_j`` and ``phi(q)^T sum_j W_ij z_j``.
         """
-        layout = self.block_layout(hw_shape)
         B = v.shape[0]
         h, d = self.num_heads, self.head_dims
         out_dtype = v.dtype
@@ -354,14 +353,14 @@ class MultiHeadLinearAttention(BaseAttention):
         if return_map:
             self.attention_map(x, hw_shape)
         num_extra = self.num_extra_tokens(x, hw_shape)
-        self.block_layout(hw_shape)  # rejects an empty grid before any work
+        layout = self.block_layout(hw_shape)  # rejects an empty grid before any work
         # split rather than slicing: its backward concatenates the gradients instead of
         # zero-filling a qkv-sized one per slice
         qk, values = self.qkv(x).split([2 * self.embed_dims, self.embed_dims], dim=-1)
         if not (isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)):
             q, k = qk.chunk(2, dim=-1)
             qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=-1)
-        out, out_extra = self._mixed_linear(qk, values, hw_shape, num_extra)
+        out, out_extra = self._mixed_linear(qk, values, hw_shape, layout, num_extra)
         out = out + self._local_values(values[:, num_extra:], hw_shape)
         if out_extra is not None:
             # The value convolution touches patch tokens only.
