@@ -72,7 +72,7 @@ if __name__ == '__main__':
         keywords='computer vision, vision transformer, linear attention, distillation',
         packages=find_packages(exclude=('configs', 'tools', 'tests', 'tests.*')),
         include_package_data=True,
-        package_data={'linvit_mm': ['.mim/configs/**/*', '.mim/tools/**/*']},
+        package_data={'linvit_mm': ['.mim/configs/**/*', '.mim/tools/**/*', 'ops/csrc/*.cpp']},
         python_requires='>=3.8',
         license='Apache License 2.0',
         classifiers=[

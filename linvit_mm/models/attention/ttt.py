@@ -33,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...ops import depthwise3x3
 from .base import BaseAttention, float32_state, register_attention
+from .ttt_step import taps, ttt_inner_step
 
 # The conv inner model has one channel and a 3x3 kernel: "head dim" 9.
 DEFAULT_INNER_SCALE = 9**-0.5
@@ -115,104 +117,19 @@ class TTTAttention(BaseAttention):
         centre tap and the bias.
         """
         num_extra = self.num_extra_tokens(x, hw_shape)
-        patch_code = self._token_conv(x[:, num_extra:], hw_shape, self.cpe)
-        if not num_extra:
-            return x + patch_code
-        extra_code = x[:, :num_extra] * self.cpe.weight[:, 0, 1, 1] + self.cpe.bias
-        return x + torch.cat([extra_code, patch_code], dim=1)
-
-    @staticmethod
-    def _grid(tokens, hw_shape):
-        """``(B, H*W, c)`` tokens as a ``(B, c, H, W)`` image, without a copy.
-
-        The result is a channels-last view; oneDNN's channels-last depthwise kernels are
-        faster than the NCHW ones and their output reads back as tokens for free.
-        """
-        B, _, c = tokens.shape
-        return tokens.reshape(B, *hw_shape, c).permute(0, 3, 1, 2)
-
-    @staticmethod
-    def _tokens(image):
-        """``(B, c, H, W)`` -> ``(B, H*W, c)``; a view for channels-last images."""
-        B, c = image.shape[:2]
-        return image.permute(0, 2, 3, 1).reshape(B, -1, c)
-
-    def _token_conv(self, tokens, hw_shape, conv):
-        return self._tokens(conv(self._grid(tokens, hw_shape)))
+        cpe_taps = taps(self.cpe.weight)
+        patch_code = depthwise3x3(x[:, num_extra:] if num_extra else x, cpe_taps, hw_shape)
+        if num_extra:
+            extra_code = x[:, :num_extra] * cpe_taps[:, 4]
+            patch_code = torch.cat([extra_code, patch_code], dim=1)
+        return x + patch_code + self.cpe.bias
 
     # ---- fast form: closed-form inner gradients, batched over images and heads -------------
 
-    def _swiglu_step(self, k, v):
-        """One normalised gradient step per image and head: ``[W1' | W2']``, ``(B, heads, d, 2d)``.
-
-        W1 and W2 side by side make each token product one matmul, and their column norms
-        are unchanged by the concatenation.
-        """
-        w12 = torch.cat(float32_state(self.w1, self.w2), dim=-1)
-        # chunk rather than slicing: its backward concatenates the two gradients instead
-        # of zero-filling a full-size gradient per slice
-        z1, z2 = (k @ w12).chunk(2, dim=-1)
-        gate = torch.sigmoid(z2)
-        # dF/dW1 and dF/dW2 times dL/dF(k_i) = -scale / n * v_i. With
-        # silu'(z) = sig(z) (1 + z (1 - sig(z))), vg = v sig(z2) and a = v silu(z2) = vg z2,
-        # the W1 factor v z1 silu'(z2) is z1 (vg + a (1 - sig(z2))): one elementwise pass
-        # fewer than forming silu and silu' first.
-        vg = v * gate
-        a = vg * z2
-        grad = k.mT @ torch.cat([a, z1 * torch.addcmul(vg, a, 1. - gate)], dim=-1)
-        # A column norm of this (d, 2d) layout is a strided reduction, several times slower
-        # than the whole normalisation on a contiguous copy of the transpose.
-        norm = grad.mT.contiguous().norm(dim=-1).unsqueeze(-2)
-        # With grad = c G, c = -scale / n < 0, the step w - c G / (|c| ||G|| + 1) is
-        # w + G / (||G|| + 1 / |c|): the scale folds into the norm's offset.
-        return torch.addcdiv(w12, grad, norm + k.shape[-2] / self.inner_scale)
-
-    def _conv_step(self, k_grid, v_grid):
-        """One normalised gradient step of the depthwise kernel per image: ``(B, d, 3, 3)``.
-
-        ``dL/dW3[c, tap] = -scale / n * sum_p k[c, p + tap] v[c, p]`` correlates each
-        channel's zero-padded keys with its values: a grouped convolution of the keys whose
-        ``H x W`` kernel is the values, one group per image and channel.
-        """
-        B, d, H, W = k_grid.shape
-        grad = F.conv2d(k_grid.reshape(1, B * d, H, W), v_grid.reshape(B * d, 1, H, W),
-                        padding=1, groups=B * d)
-        grad = grad.view(B, d, 3, 3)
-        (w3, ) = float32_state(self.w3)
-        # the scale folds into the norm's offset, as in ``_swiglu_step``
-        return torch.addcdiv(w3.view(1, d, 3, 3), grad,
-                             grad.norm(dim=(-2, -1), keepdim=True) + H * W / self.inner_scale)
-
-    def _conv_read(self, q_grid, w3):
-        """Each image's own depthwise kernel on its queries: ``(B, d, H, W)`` -> ``(B, HW, d)``."""
-        B, d, H, W = q_grid.shape
-        out = F.conv2d(q_grid.reshape(1, B * d, H, W), w3.reshape(B * d, 1, 3, 3), padding=1,
-                       groups=B * d)
-        return self._tokens(out.reshape(B, d, H, W))
-
     def _inner(self, qkv, num_extra, hw_shape):
-        B, N, _ = qkv.shape
-        heads, d = self.num_heads, self.head_dims
-        # qkv's rows are 3 * heads + 3 blocks of d (q, k, v of every head, then of the conv
-        # head): one split, whose backward assembles qkv's gradient in a single cat.
-        q, k, v, q_conv, k_conv, v_conv = float32_state(*qkv.view(B, N, 3 * heads + 3, d).split(
-            [heads, heads, heads, 1, 1, 1], dim=2))
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        z1, z2 = (q @ self._swiglu_step(k, v)).chunk(2, dim=-1)
-        swiglu_out = z1 * F.silu(z2)                                      # (B, heads, N, d)
-
-        q_conv, k_conv, v_conv = q_conv.squeeze(2), k_conv.squeeze(2), v_conv.squeeze(2)
-        # a slice's backward zero-fills its input's gradient, so slice only if there is
-        # anything to drop
-        q_grid, k_grid, v_grid = (self._grid(t[:, num_extra:] if num_extra else t, hw_shape)
-                                  for t in (q_conv, k_conv, v_conv))
-        w3 = self._conv_step(k_grid, v_grid)
-        conv_out = self._conv_read(q_grid, w3)
-        if num_extra:
-            extra_out = q_conv[:, :num_extra] * w3[:, None, :, 1, 1]
-            conv_out = torch.cat([extra_out, conv_out], dim=1)
-        # The heads and the conv head side by side in one copy: (B, N, heads + 1, d).
-        return torch.cat([swiglu_out.transpose(1, 2), conv_out.unsqueeze(2)], dim=2).flatten(2)
+        (qkv, ) = float32_state(qkv)
+        return ttt_inner_step(qkv, *float32_state(self.w1, self.w2, self.w3), self.num_heads,
+                              num_extra, hw_shape, self.inner_scale)
 
     def forward(self, x, hw_shape, return_map=False):
         if return_map:

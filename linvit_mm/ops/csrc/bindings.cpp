@@ -1,0 +1,33 @@
+// Python bindings of linvit_mm's CPU kernels (built by linvit_mm/ops/extension.py).
+#include <torch/extension.h>
+
+namespace linvit_mm {
+at::Tensor depthwise3x3(const at::Tensor& input, const at::Tensor& weight, int64_t H, int64_t W,
+                        bool flip);
+at::Tensor correlate3x3(const at::Tensor& a, const at::Tensor& g, int64_t H, int64_t W);
+std::vector<at::Tensor> ttt_inner_forward(const at::Tensor& qkv, const at::Tensor& w12,
+                                          const at::Tensor& w3, int64_t heads, int64_t num_extra,
+                                          int64_t H, int64_t W, double inner_scale);
+std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out,
+                                           const std::vector<at::Tensor>& saved,
+                                           const at::Tensor& qkv, const at::Tensor& w12,
+                                           const at::Tensor& w3, int64_t heads,
+                                           int64_t num_extra, int64_t H, int64_t W,
+                                           double inner_scale);
+}  // namespace linvit_mm
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace linvit_mm;
+  m.def("depthwise3x3", &depthwise3x3, "3x3 depthwise convolution of (B, H*W, C) tokens",
+        py::arg("input"), py::arg("weight"), py::arg("H"), py::arg("W"), py::arg("flip"));
+  m.def("correlate3x3", &correlate3x3, "3x3 depthwise kernel correlation of two token grids",
+        py::arg("a"), py::arg("g"), py::arg("H"), py::arg("W"));
+  m.def("ttt_inner_forward", &ttt_inner_forward,
+        "ViT^3 inner step: [readouts, then the tensors ttt_inner_backward needs]", py::arg("qkv"),
+        py::arg("w12"), py::arg("w3"), py::arg("heads"), py::arg("num_extra"), py::arg("H"),
+        py::arg("W"), py::arg("inner_scale"));
+  m.def("ttt_inner_backward", &ttt_inner_backward,
+        "gradients of ttt_inner_forward: [qkv, w12, w3 taps]", py::arg("grad_out"),
+        py::arg("saved"), py::arg("qkv"), py::arg("w12"), py::arg("w3"), py::arg("heads"),
+        py::arg("num_extra"), py::arg("H"), py::arg("W"), py::arg("inner_scale"));
+}

@@ -1,0 +1,57 @@
+"""linvit_mm's C++ CPU kernels, compiled on first use with ``torch.utils.cpp_extension``.
+
+ViT^3's inner step is a dozen small tensor operations per block; at 196 tokens their set-up
+costs (oneDNN primitives for tiny depthwise convolutions, one memory pass per elementwise
+operation, one autograd node each) outweigh the arithmetic. ``csrc/`` fuses them. The build
+needs a C++ compiler and ninja (both part of the environment ``tools/setup_env.sh`` makes),
+takes about half a minute once, and is cached by torch per user
+(``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
+
+Where the kernels cannot be used (no compiler, tensors on a GPU, fp16/bf16, or
+``LINVIT_MM_CPU_KERNELS=0`` in the environment) every caller runs the same computation with
+PyTorch operations instead; the tests check both ways against each other.
+"""
+import os
+import os.path as osp
+import warnings
+
+import torch
+
+CSRC = osp.join(osp.dirname(osp.abspath(__file__)), 'csrc')
+SOURCES = ('bindings.cpp', 'depthwise3x3.cpp', 'ttt_inner.cpp')
+KERNEL_DTYPES = (torch.float32, torch.float64)
+# The build is cached and may be reused on another CPU of the same user, so it targets the
+# vector width torch itself dispatches to here (named in the extension), not -march=native.
+_ARCH_FLAGS = {
+    'AVX512': ['-mavx512f', '-mavx512dq', '-mavx512bw', '-mavx512vl', '-mavx2', '-mfma'],
+    'AVX2': ['-mavx2', '-mfma'],
+}
+_UNLOADED = object()
+_extension = _UNLOADED
+
+
+def cpu_kernels():
+    """The compiled module (built on the first call), or None where it cannot be built."""
+    global _extension
+    if _extension is _UNLOADED:
+        _extension = None
+        if os.environ.get('LINVIT_MM_CPU_KERNELS', '1') == '0':
+            return None
+        from torch.utils.cpp_extension import load
+        capability = torch.backends.cpu.get_cpu_capability()
+        try:
+            _extension = load(
+                name=f'linvit_mm_cpu_kernels_{capability.lower()}',
+                sources=[osp.join(CSRC, name) for name in SOURCES],
+                extra_cflags=['-O3', *_ARCH_FLAGS.get(capability, [])])
+        except Exception as err:  # no compiler or ninja, a read-only cache, ...
+            warnings.warn(f'linvit_mm: the C++ CPU kernels could not be built, so the ttt '
+                          f'operator runs on PyTorch operations (same results, slower on '
+                          f'CPU). Set LINVIT_MM_CPU_KERNELS=0 to skip the attempt. Cause: {err}')
+    return _extension
+
+
+def use_cpu_kernels(*tensors):
+    """Whether the kernels apply: CPU tensors of fp32 / fp64, innermost stride 1."""
+    return (all(t.device.type == 'cpu' and t.dtype in KERNEL_DTYPES and t.stride(-1) == 1
+                for t in tensors) and cpu_kernels() is not None)
