@@ -11,7 +11,8 @@ forward and backward (see ``extension.py`` for the build and the fallback).
   ``flip`` mirrors the taps (the transposed convolution);
 * ``correlate_tokens(a, g, hw_shape)``: ``out[t] = sum_p a[p + s_t] g[p]``, ``(B, 9, C)``:
   the kernel gradient of the first, and the one-step fit of ViT^3's conv inner model;
-* ``depthwise3x3``: ``conv_tokens`` with autograd (the conditional position encoding).
+* ``position_code(tokens, weight, bias, hw_shape)``: ``tokens + conv(tokens) + bias`` with
+  autograd, one pass each way (the conditional position encoding; ``(C, 1, 3, 3)`` weight).
 
 Token tensors need a channel stride of 1 only, so column slices of a fused qkv projection
 are used in place.
@@ -49,7 +50,7 @@ def conv_tokens(tokens, weight, hw_shape, flip=False):
     """``depthwise3x3`` without autograd (C++ where it applies); ``flip`` mirrors the taps,
     which makes it the transposed convolution."""
     if use_cpu_kernels(tokens, weight):
-        return cpu_kernels().depthwise3x3(tokens, weight, *hw_shape, flip)
+        return cpu_kernels().depthwise3x3(tokens, weight, None, False, *hw_shape, flip)
     return depthwise3x3_reference(tokens, weight.flip(1) if flip else weight, hw_shape)
 
 
@@ -62,43 +63,45 @@ def correlate_tokens(a, g, hw_shape):
 
 # ---- with autograd ----------------------------------------------------------------------
 
-class _Depthwise3x3(Function):
+class _PositionCode(Function):
+    """``tokens + conv(tokens) + bias`` in one pass of the C++ kernel, and its gradients. The
+    ``(C, 1, 3, 3)`` kernel is laid out as taps here, out of autograd's sight."""
 
     @staticmethod
-    def forward(ctx, tokens, weight, H, W):
-        ctx.save_for_backward(tokens, weight)
+    def forward(ctx, tokens, weight, bias, H, W):
+        taps = weight.reshape(-1, 9).t().contiguous().unsqueeze(0)
+        ctx.save_for_backward(tokens, taps)
         ctx.hw = H, W
-        return conv_tokens(tokens, weight, (H, W))
+        return cpu_kernels().depthwise3x3(tokens, taps, bias, True, H, W, False)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        tokens, weight = ctx.saved_tensors
+        tokens, taps = ctx.saved_tensors
         grad_out = grad_out.contiguous()
-        grad_tokens = grad_weight = None
+        grad_tokens = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_tokens = conv_tokens(grad_out, weight, ctx.hw, flip=True)
+            # the residual's gradient plus the transposed convolution's, in one pass
+            grad_tokens = cpu_kernels().depthwise3x3(grad_out, taps, None, True, *ctx.hw, True)
         if ctx.needs_input_grad[1]:
-            grad_weight = correlate_tokens(tokens, grad_out, ctx.hw)
-            if weight.shape[0] == 1:
-                grad_weight = grad_weight.sum(0, keepdim=True)
-        return grad_tokens, grad_weight, None, None
+            grad_weight = correlate_tokens(tokens, grad_out, ctx.hw).sum(0).t().reshape(-1, 1, 3, 3)
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad_out.sum((0, 1))
+        return grad_tokens, grad_weight, grad_bias, None, None
 
 
-def _check(tokens, hw_shape, name='tokens'):
+def position_code(tokens, weight, bias, hw_shape):
+    """``tokens + dwconv3x3(tokens) + bias`` on a ``(B, H*W, C)`` grid: a conditional position
+    encoding with a depthwise ``(C, 1, 3, 3)`` kernel ``weight`` and ``(C,)`` ``bias``."""
     H, W = hw_shape
     if tokens.dim() != 3 or tokens.shape[1] != H * W:
-        raise ValueError(f'{name} must be (B, H*W, C) for the grid {H}x{W}, got '
+        raise ValueError(f'tokens must be (B, H*W, C) for the grid {H}x{W}, got '
                          f'{tuple(tokens.shape)}')
-
-
-def depthwise3x3(tokens, weight, hw_shape):
-    """Zero-padded 3x3 depthwise conv of ``(B, H*W, C)`` tokens; weight ``(B or 1, 9, C)``."""
-    _check(tokens, hw_shape)
-    if weight.dim() != 3 or weight.shape[1:] != (9, tokens.shape[2]) or \
-            weight.shape[0] not in (1, tokens.shape[0]):
-        raise ValueError(f'weight must be (1 or {tokens.shape[0]}, 9, {tokens.shape[2]}), got '
-                         f'{tuple(weight.shape)}')
-    if use_cpu_kernels(tokens, weight) and tokens.dtype == weight.dtype:
-        return _Depthwise3x3.apply(tokens, weight, *hw_shape)
-    return depthwise3x3_reference(tokens, weight, hw_shape)
+    C = tokens.shape[2]
+    if weight.shape != (C, 1, 3, 3) or bias.shape != (C, ):
+        raise ValueError(f'weight must be ({C}, 1, 3, 3) and bias ({C},), got '
+                         f'{tuple(weight.shape)} and {tuple(bias.shape)}')
+    if use_cpu_kernels(tokens, weight, bias) and tokens.dtype == weight.dtype == bias.dtype:
+        return _PositionCode.apply(tokens, weight, bias, H, W)
+    taps = weight.reshape(C, 9).t().unsqueeze(0)
+    return tokens + depthwise3x3_reference(tokens, taps, hw_shape) + bias

@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...ops import depthwise3x3
+from ...ops import position_code
 from .base import BaseAttention, float32_state, register_attention
-from .ttt_step import taps, ttt_inner_step
+from .ttt_step import ttt_inner_step
 
 # The conv inner model has one channel and a 3x3 kernel: "head dim" 9.
 DEFAULT_INNER_SCALE = 9**-0.5
@@ -117,12 +117,12 @@ class TTTAttention(BaseAttention):
         centre tap and the bias.
         """
         num_extra = self.num_extra_tokens(x, hw_shape)
-        cpe_taps = taps(self.cpe.weight)
-        patch_code = depthwise3x3(x[:, num_extra:] if num_extra else x, cpe_taps, hw_shape)
-        if num_extra:
-            extra_code = x[:, :num_extra] * cpe_taps[:, 4]
-            patch_code = torch.cat([extra_code, patch_code], dim=1)
-        return x + patch_code + self.cpe.bias
+        patch_code = position_code(x[:, num_extra:] if num_extra else x, self.cpe.weight,
+                                   self.cpe.bias, hw_shape)
+        if not num_extra:
+            return patch_code
+        extra_code = x[:, :num_extra] * (1 + self.cpe.weight[:, 0, 1, 1]) + self.cpe.bias
+        return torch.cat([extra_code, patch_code], dim=1)
 
     # ---- fast form: closed-form inner gradients, batched over images and heads -------------
 

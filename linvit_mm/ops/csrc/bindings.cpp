@@ -2,7 +2,8 @@
 #include <torch/extension.h>
 
 namespace linvit_mm {
-at::Tensor depthwise3x3(const at::Tensor& input, const at::Tensor& weight, int64_t H, int64_t W,
+at::Tensor depthwise3x3(const at::Tensor& input, const at::Tensor& weight,
+                        const c10::optional<at::Tensor>& bias, bool residual, int64_t H, int64_t W,
                         bool flip);
 at::Tensor correlate3x3(const at::Tensor& a, const at::Tensor& g, int64_t H, int64_t W);
 std::vector<at::Tensor> ttt_inner_forward(const at::Tensor& qkv, const at::Tensor& w12,
@@ -18,8 +19,10 @@ std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace linvit_mm;
-  m.def("depthwise3x3", &depthwise3x3, "3x3 depthwise convolution of (B, H*W, C) tokens",
-        py::arg("input"), py::arg("weight"), py::arg("H"), py::arg("W"), py::arg("flip"));
+  m.def("depthwise3x3", &depthwise3x3,
+        "3x3 depthwise convolution of (B, H*W, C) tokens, plus bias and the input if asked",
+        py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("residual"), py::arg("H"),
+        py::arg("W"), py::arg("flip"));
   m.def("correlate3x3", &correlate3x3, "3x3 depthwise kernel correlation of two token grids",
         py::arg("a"), py::arg("g"), py::arg("H"), py::arg("W"));
   m.def("ttt_inner_forward", &ttt_inner_forward,

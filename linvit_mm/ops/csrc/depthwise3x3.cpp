@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace linvit_mm {
@@ -30,27 +31,36 @@ void check_grid(const at::Tensor& t, const char* name, int64_t H, int64_t W) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
 }
 
-template <typename scalar_t>
-void conv_kernel(const at::Tensor& input, const at::Tensor& weight, at::Tensor& out,
-                 int64_t H, int64_t W, bool flip) {
+template <typename T>
+void conv_kernel(const at::Tensor& input, const at::Tensor& weight, const T* bias, bool residual,
+                 at::Tensor& out, int64_t H, int64_t W, bool flip) {
   const int64_t B = input.size(0), C = input.size(2);
   const int64_t sb = input.stride(0), sp = input.stride(1);
   const int64_t wb = weight.size(0) == 1 ? 0 : weight.stride(0), wt = weight.stride(1);
-  const scalar_t* in = input.data_ptr<scalar_t>();
-  const scalar_t* w = weight.data_ptr<scalar_t>();
-  scalar_t* o = out.data_ptr<scalar_t>();
+  const T* in = input.data_ptr<T>();
+  const T* w = weight.data_ptr<T>();
+  T* o = out.data_ptr<T>();
   const int64_t ob = out.stride(0), op = out.stride(1);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / H, y = row % H;
       for (int64_t x = 0; x < W; ++x) {
-        scalar_t* __restrict__ dst = o + b * ob + (y * W + x) * op;
-        for (int64_t c = 0; c < C; ++c) dst[c] = 0;
+        T* __restrict__ dst = o + b * ob + (y * W + x) * op;
+        const T* __restrict__ center = in + b * sb + (y * W + x) * sp;
+        if (residual && bias) {
+          for (int64_t c = 0; c < C; ++c) dst[c] = center[c] + bias[c];
+        } else if (residual) {
+          for (int64_t c = 0; c < C; ++c) dst[c] = center[c];
+        } else if (bias) {
+          for (int64_t c = 0; c < C; ++c) dst[c] = bias[c];
+        } else {
+          for (int64_t c = 0; c < C; ++c) dst[c] = 0;
+        }
         for (int64_t t = 0; t < 9; ++t) {
           const int64_t yy = y + t / 3 - 1, xx = x + t % 3 - 1;
           if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
-          const scalar_t* __restrict__ src = in + b * sb + (yy * W + xx) * sp;
-          const scalar_t* __restrict__ tap = w + b * wb + (flip ? 8 - t : t) * wt;
+          const T* __restrict__ src = in + b * sb + (yy * W + xx) * sp;
+          const T* __restrict__ tap = w + b * wb + (flip ? 8 - t : t) * wt;
 #pragma GCC ivdep
           for (int64_t c = 0; c < C; ++c) dst[c] += src[c] * tap[c];
         }
@@ -59,36 +69,45 @@ void conv_kernel(const at::Tensor& input, const at::Tensor& weight, at::Tensor& 
   });
 }
 
-template <typename scalar_t>
+// Per tap, channels are summed in blocks of kBlock held in registers along a grid row.
+constexpr int64_t kBlock = 64;
+
+template <typename T>
 void correlate_kernel(const at::Tensor& a, const at::Tensor& g, at::Tensor& out, int64_t H,
                       int64_t W) {
   const int64_t B = a.size(0), C = a.size(2);
   const int64_t ab = a.stride(0), ap = a.stride(1), gb = g.stride(0), gp = g.stride(1);
-  const scalar_t* pa = a.data_ptr<scalar_t>();
-  const scalar_t* pg = g.data_ptr<scalar_t>();
+  const T* pa = a.data_ptr<T>();
+  const T* pg = g.data_ptr<T>();
   // Rows are summed in parallel into per-thread partial sums, added up at the end.
   const int64_t threads = at::get_num_threads();
-  std::vector<scalar_t> partial(threads * B * 9 * C, scalar_t(0));
+  std::vector<T> partial(threads * B * 9 * C, T(0));
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    scalar_t* acc = partial.data() + at::get_thread_num() * B * 9 * C;
+    T* acc_all = partial.data() + at::get_thread_num() * B * 9 * C;
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / H, y = row % H;
-      for (int64_t x = 0; x < W; ++x) {
-        const scalar_t* __restrict__ grad = pg + b * gb + (y * W + x) * gp;
-        for (int64_t t = 0; t < 9; ++t) {
-          const int64_t yy = y + t / 3 - 1, xx = x + t % 3 - 1;
-          if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
-          const scalar_t* __restrict__ src = pa + b * ab + (yy * W + xx) * ap;
-          scalar_t* __restrict__ dst = acc + (b * 9 + t) * C;
+      for (int64_t t = 0; t < 9; ++t) {
+        const int64_t dy = t / 3 - 1, dx = t % 3 - 1, yy = y + dy;
+        if (yy < 0 || yy >= H) continue;
+        const int64_t x_begin = dx < 0 ? 1 : 0, x_end = dx > 0 ? W - 1 : W;
+        T* __restrict__ dst = acc_all + (b * 9 + t) * C;
+        for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
+          const int64_t width = std::min(kBlock, C - c0);
+          T acc[kBlock] = {};
+          for (int64_t x = x_begin; x < x_end; ++x) {
+            const T* __restrict__ src = pa + b * ab + (yy * W + x + dx) * ap + c0;
+            const T* __restrict__ grad = pg + b * gb + (y * W + x) * gp + c0;
 #pragma GCC ivdep
-          for (int64_t c = 0; c < C; ++c) dst[c] += src[c] * grad[c];
+            for (int64_t c = 0; c < width; ++c) acc[c] += src[c] * grad[c];
+          }
+          for (int64_t c = 0; c < width; ++c) dst[c0 + c] += acc[c];
         }
       }
     }
   });
-  scalar_t* o = out.data_ptr<scalar_t>();
+  T* o = out.data_ptr<T>();
   for (int64_t i = 0; i < B * 9 * C; ++i) {
-    scalar_t sum = 0;
+    T sum = 0;
     for (int64_t th = 0; th < threads; ++th) sum += partial[th * B * 9 * C + i];
     o[i] = sum;
   }
@@ -96,7 +115,8 @@ void correlate_kernel(const at::Tensor& a, const at::Tensor& g, at::Tensor& out,
 
 }  // namespace
 
-void depthwise3x3_into(const at::Tensor& input, const at::Tensor& weight, int64_t H, int64_t W,
+void depthwise3x3_into(const at::Tensor& input, const at::Tensor& weight,
+                       const c10::optional<at::Tensor>& bias, bool residual, int64_t H, int64_t W,
                        bool flip, at::Tensor out) {
   check_grid(input, "input", H, W);
   check_grid(out, "out", H, W);
@@ -110,15 +130,22 @@ void depthwise3x3_into(const at::Tensor& input, const at::Tensor& weight, int64_
   TORCH_CHECK(weight.scalar_type() == input.scalar_type() &&
                   out.scalar_type() == input.scalar_type(),
               "weight, input and out dtypes differ");
+  if (bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == input.size(2) && bias->is_contiguous() &&
+                    bias->scalar_type() == input.scalar_type(),
+                "bias must be a contiguous (C,) tensor of the input's dtype");
+  }
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "depthwise3x3_conv", [&] {
-    conv_kernel<scalar_t>(input, weight, out, H, W, flip);
+    conv_kernel<scalar_t>(input, weight, bias ? bias->data_ptr<scalar_t>() : nullptr, residual,
+                          out, H, W, flip);
   });
 }
 
-at::Tensor depthwise3x3(const at::Tensor& input, const at::Tensor& weight, int64_t H, int64_t W,
+at::Tensor depthwise3x3(const at::Tensor& input, const at::Tensor& weight,
+                        const c10::optional<at::Tensor>& bias, bool residual, int64_t H, int64_t W,
                         bool flip) {
   auto out = at::empty({input.size(0), H * W, input.size(2)}, input.options());
-  depthwise3x3_into(input, weight, H, W, flip, out);
+  depthwise3x3_into(input, weight, bias, residual, H, W, flip, out);
   return out;
 }
 

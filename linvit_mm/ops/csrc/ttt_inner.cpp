@@ -24,15 +24,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 namespace linvit_mm {
 
-void depthwise3x3_into(const at::Tensor& input, const at::Tensor& weight, int64_t H, int64_t W,
+void depthwise3x3_into(const at::Tensor& input, const at::Tensor& weight,
+                       const c10::optional<at::Tensor>& bias, bool residual, int64_t H, int64_t W,
                        bool flip, at::Tensor out);
-at::Tensor depthwise3x3(const at::Tensor& input, const at::Tensor& weight, int64_t H, int64_t W,
-                        bool flip);
 at::Tensor correlate3x3(const at::Tensor& a, const at::Tensor& g, int64_t H, int64_t W);
 
 namespace {
@@ -54,37 +55,63 @@ void for_heads(int64_t B, int64_t heads, const F& body) {
   });
 }
 
+// sigmoid inside the fused loops. For float, exp is computed by range reduction to
+// [-ln2/2, ln2/2] and a degree-6 polynomial (relative error ~1e-7, i.e. about one ulp) in
+// plain arithmetic that the compiler vectorises; std::exp would keep the loops scalar.
+inline float exp_vectorisable(float x) {
+  x = std::min(std::max(x, -87.3f), 88.7f);
+  const float t = x * 1.44269504f;
+  const float n = (t + 12582912.f) - 12582912.f;  // t rounded to nearest (1.5 * 2^23 trick)
+  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  const float p =
+      1.f + r * (1.f + r * (0.5f + r * (0.16666667f + r * (0.041666668f +
+                                                          r * (0.008333334f + r * 0.0013888889f)))));
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+template <typename T>
+inline T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+template <>
+inline float sigmoid<float>(float x) {
+  return 1.f / (1.f + exp_vectorisable(-x));
+}
+
 // The loops read and write row halves through separate pointers; `ivdep` tells the compiler
 // they never overlap, which it cannot prove for this many.
 
 template <typename T>
-void fit_terms(const Heads<const T>& z, const Heads<const T>& gate, const Heads<const T>& v,
-               const Heads<T>& terms, int64_t b, int64_t h, int64_t n, int64_t d) {
+void fit_terms(const Heads<const T>& z, const Heads<const T>& v, const Heads<T>& terms,
+               int64_t b, int64_t h, int64_t n, int64_t d) {
   for (int64_t i = 0; i < n; ++i) {
-    const T *z1 = z.row(b, h, i), *z2 = z1 + d, *g = gate.row(b, h, i), *vv = v.row(b, h, i);
+    const T *z1 = z.row(b, h, i), *z2 = z1 + d, *vv = v.row(b, h, i);
     T *m1 = terms.row(b, h, i), *m2 = m1 + d;
 #pragma GCC ivdep
     for (int64_t j = 0; j < d; ++j) {
-      const T vg = vv[j] * g[j], a = vg * z2[j];
-      m1[j] = a;                                   // v silu(z2)
-      m2[j] = z1[j] * (vg + a * (T(1) - g[j]));    // z1 v silu'(z2)
+      const T g = sigmoid(z2[j]), vg = vv[j] * g, a = vg * z2[j];
+      m1[j] = a;                                // v silu(z2)
+      m2[j] = z1[j] * (vg + a * (T(1) - g));    // z1 v silu'(z2)
     }
   }
 }
 
 template <typename T>
-void fit_terms_backward(const Heads<const T>& z, const Heads<const T>& gate,
-                        const Heads<const T>& v, const Heads<const T>& grad_terms,
-                        const Heads<T>& grad_z, const Heads<T>& grad_v, int64_t b, int64_t h,
-                        int64_t n, int64_t d) {
+void fit_terms_backward(const Heads<const T>& z, const Heads<const T>& v,
+                        const Heads<const T>& grad_terms, const Heads<T>& grad_z,
+                        const Heads<T>& grad_v, int64_t b, int64_t h, int64_t n, int64_t d) {
   const T one(1), two(2);
   for (int64_t i = 0; i < n; ++i) {
-    const T *z1 = z.row(b, h, i), *z2 = z1 + d, *g = gate.row(b, h, i), *vv = v.row(b, h, i),
+    const T *z1 = z.row(b, h, i), *z2 = z1 + d, *vv = v.row(b, h, i),
             *da = grad_terms.row(b, h, i), *db = da + d;
     T *dz1 = grad_z.row(b, h, i), *dz2 = dz1 + d, *dv = grad_v.row(b, h, i);
 #pragma GCC ivdep
     for (int64_t j = 0; j < d; ++j) {
-      const T gj = g[j], s = z2[j];
+      const T s = z2[j], gj = sigmoid(s);
       const T silu = s * gj;
       const T silu1 = gj * (one + s * (one - gj));
       const T silu2 = gj * (one - gj) * (two + s * (one - two * gj));
@@ -96,32 +123,37 @@ void fit_terms_backward(const Heads<const T>& z, const Heads<const T>& gate,
 }
 
 template <typename T>
-void read(const Heads<const T>& p, const Heads<const T>& gate, const Heads<T>& out, int64_t b,
-          int64_t h, int64_t n, int64_t d) {
+void read(const Heads<const T>& p, const Heads<T>& out, int64_t b, int64_t h, int64_t n,
+          int64_t d) {
   for (int64_t i = 0; i < n; ++i) {
-    const T *p1 = p.row(b, h, i), *p2 = p1 + d, *g = gate.row(b, h, i);
+    const T *p1 = p.row(b, h, i), *p2 = p1 + d;
     T* o = out.row(b, h, i);
 #pragma GCC ivdep
-    for (int64_t j = 0; j < d; ++j) o[j] = p1[j] * p2[j] * g[j];
+    for (int64_t j = 0; j < d; ++j) o[j] = p1[j] * p2[j] * sigmoid(p2[j]);
   }
 }
 
 template <typename T>
-void read_backward(const Heads<const T>& p, const Heads<const T>& gate,
-                   const Heads<const T>& grad_out, const Heads<T>& grad_p, int64_t b, int64_t h,
-                   int64_t n, int64_t d) {
+void read_backward(const Heads<const T>& p, const Heads<const T>& grad_out,
+                   const Heads<T>& grad_p, int64_t b, int64_t h, int64_t n, int64_t d) {
   const T one(1);
   for (int64_t i = 0; i < n; ++i) {
-    const T *p1 = p.row(b, h, i), *p2 = p1 + d, *g = gate.row(b, h, i),
-            *go = grad_out.row(b, h, i);
+    const T *p1 = p.row(b, h, i), *p2 = p1 + d, *go = grad_out.row(b, h, i);
     T *dp1 = grad_p.row(b, h, i), *dp2 = dp1 + d;
 #pragma GCC ivdep
     for (int64_t j = 0; j < d; ++j) {
-      const T grad_g = go[j] * g[j];
+      const T g = sigmoid(p2[j]), grad_g = go[j] * g;
       dp1[j] = grad_g * p2[j];
-      dp2[j] = grad_g * p1[j] * (one + p2[j] * (one - g[j]));
+      dp2[j] = grad_g * p1[j] * (one + p2[j] * (one - g));
     }
   }
+}
+
+// dst = src row by row, for a (B, heads, n, d) view (a slot of the qkv gradient)
+template <typename T>
+void copy_rows(const Heads<const T>& src, const Heads<T>& dst, int64_t b, int64_t h, int64_t n,
+               int64_t d) {
+  for (int64_t i = 0; i < n; ++i) std::memcpy(dst.row(b, h, i), src.row(b, h, i), d * sizeof(T));
 }
 
 // fitted = init + grad / (||grad|| + offset) for a rows x cols block, norms over the rows.
@@ -215,16 +247,14 @@ std::vector<at::Tensor> ttt_inner_forward(const at::Tensor& qkv, const at::Tenso
   const auto out_heads = out.narrow(2, 0, heads).transpose(1, 2);
 
   const auto z = at::matmul(in.k, w12);
-  const auto gate_z = at::sigmoid(z.narrow(3, d, d));
   auto terms = at::empty_like(z);
   auto norm = at::empty({B, heads, 1, 2 * d}, qkv.options());
   auto w12_fit = at::empty({B, heads, d, 2 * d}, qkv.options());
-  at::Tensor grad, p, gate_p;
+  at::Tensor grad, p;
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "ttt_inner_forward", [&] {
     using T = scalar_t;
     for_heads(B, heads, [&](int64_t b, int64_t h) {
-      fit_terms<T>(Heads<const T>(z), Heads<const T>(gate_z), Heads<const T>(in.v),
-                   Heads<T>(terms), b, h, N, d);
+      fit_terms<T>(Heads<const T>(z), Heads<const T>(in.v), Heads<T>(terms), b, h, N, d);
     });
     grad = at::matmul(in.k.transpose(2, 3), terms);
     const T offset = T(N / inner_scale);
@@ -235,9 +265,8 @@ std::vector<at::Tensor> ttt_inner_forward(const at::Tensor& qkv, const at::Tenso
               2 * d);
     });
     p = at::matmul(in.q, w12_fit);
-    gate_p = at::sigmoid(p.narrow(3, d, d));
     for_heads(B, heads, [&](int64_t b, int64_t h) {
-      read<T>(Heads<const T>(p), Heads<const T>(gate_p), Heads<T>(out_heads), b, h, N, d);
+      read<T>(Heads<const T>(p), Heads<T>(out_heads), b, h, N, d);
     });
   });
 
@@ -255,11 +284,11 @@ std::vector<at::Tensor> ttt_inner_forward(const at::Tensor& qkv, const at::Tenso
               norm3.data_ptr<T>() + b * d, w3_fit.data_ptr<T>() + b * 9 * d, 9, d);
   });
   const auto out3 = out.select(2, heads);
-  depthwise3x3_into(q3, w3_fit, H, W, false, out3.narrow(1, num_extra, P));
+  depthwise3x3_into(q3, w3_fit, c10::nullopt, false, H, W, false, out3.narrow(1, num_extra, P));
   if (num_extra)
     out3.narrow(1, 0, num_extra).copy_(in.q3.narrow(1, 0, num_extra) * w3_fit.narrow(1, 4, 1));
-  return {out.view({B, N, (heads + 1) * d}), z, gate_z, terms, grad, norm, w12_fit, p, gate_p,
-          grad3, norm3, w3_fit};
+  return {out.view({B, N, (heads + 1) * d}), z, terms, grad, norm, w12_fit, p, grad3, norm3,
+          w3_fit};
 }
 
 // Returns {grad_qkv (B, N, 3C + 3d), grad_w12 (1, heads, d, 2d), grad_w3 taps (1, 9, d)}.
@@ -270,13 +299,13 @@ std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out_flat,
                                            int64_t num_extra, int64_t H, int64_t W,
                                            double inner_scale) {
   check_inputs(qkv, w12, w3, heads, num_extra, H, W);
-  TORCH_CHECK(saved.size() == 11, "saved must be what ttt_inner_forward returned after out");
+  TORCH_CHECK(saved.size() == 9, "saved must be what ttt_inner_forward returned after out");
   const int64_t B = qkv.size(0), N = qkv.size(1), d = w12.size(2), P = H * W;
   TORCH_CHECK(grad_out_flat.sizes() == at::IntArrayRef({B, N, (heads + 1) * d}),
               "grad_out must be (B, N, (heads + 1) d), got ", grad_out_flat.sizes());
-  const auto &z = saved[0], &gate_z = saved[1], &terms = saved[2], &grad = saved[3],
-             &norm = saved[4], &w12_fit = saved[5], &p = saved[6], &gate_p = saved[7],
-             &grad3 = saved[8], &norm3 = saved[9], &w3_fit = saved[10];
+  const auto &z = saved[0], &terms = saved[1], &grad = saved[2], &norm = saved[3],
+             &w12_fit = saved[4], &p = saved[5], &grad3 = saved[6], &norm3 = saved[7],
+             &w3_fit = saved[8];
   const QKV in(qkv, heads, d);
   const auto grad_out = grad_out_flat.contiguous().view({B, N, heads + 1, d});
   auto grad_qkv = at::empty_like(qkv);
@@ -290,10 +319,13 @@ std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out_flat,
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "ttt_inner_backward", [&] {
     using T = scalar_t;
     for_heads(B, heads, [&](int64_t b, int64_t h) {
-      read_backward<T>(Heads<const T>(p), Heads<const T>(gate_p), Heads<const T>(grad_out_heads),
-                       Heads<T>(grad_p), b, h, N, d);
+      read_backward<T>(Heads<const T>(p), Heads<const T>(grad_out_heads), Heads<T>(grad_p), b,
+                       h, N, d);
     });
-    gin.q.copy_(at::matmul(grad_p, w12_fit.transpose(2, 3)));
+    const auto grad_q = at::matmul(grad_p, w12_fit.transpose(2, 3));
+    for_heads(B, heads, [&](int64_t b, int64_t h) {
+      copy_rows<T>(Heads<const T>(grad_q), Heads<T>(gin.q), b, h, N, d);
+    });
     grad_fitted = at::matmul(in.q.transpose(2, 3), grad_p);
     const T offset = T(N / inner_scale);
     for_heads(B, heads, [&](int64_t b, int64_t h) {
@@ -304,13 +336,23 @@ std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out_flat,
     });
     const auto grad_terms = at::matmul(in.k, grad_grad);
     for_heads(B, heads, [&](int64_t b, int64_t h) {
-      fit_terms_backward<T>(Heads<const T>(z), Heads<const T>(gate_z), Heads<const T>(in.v),
-                            Heads<const T>(grad_terms), Heads<T>(grad_z), Heads<T>(gin.v), b,
-                            h, N, d);
+      fit_terms_backward<T>(Heads<const T>(z), Heads<const T>(in.v), Heads<const T>(grad_terms),
+                            Heads<T>(grad_z), Heads<T>(gin.v), b, h, N, d);
     });
   });
-  gin.k.copy_(at::matmul(terms, grad_grad.transpose(2, 3)).add_(at::matmul(grad_z, w12.transpose(2, 3))));
-  const auto grad_w12 = grad_fitted.add_(at::matmul(in.k.transpose(2, 3), grad_z)).sum(0, true);
+  // products accumulated in place over (image, head) batches: k's two gradient terms, and
+  // w12's from the step and from the fit
+  const auto flat = [&](const at::Tensor& t) { return t.expand({B, heads, t.size(2), t.size(3)})
+                                                   .reshape({B * heads, t.size(2), t.size(3)}); };
+  auto grad_k = at::matmul(terms, grad_grad.transpose(2, 3));
+  flat(grad_k).baddbmm_(flat(grad_z), flat(w12).transpose(1, 2));
+  AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "ttt_inner_grad_k", [&] {
+    for_heads(B, heads, [&](int64_t b, int64_t h) {
+      copy_rows<scalar_t>(Heads<const scalar_t>(grad_k), Heads<scalar_t>(gin.k), b, h, N, d);
+    });
+  });
+  flat(grad_fitted).baddbmm_(flat(in.k).transpose(1, 2), flat(grad_z));
+  const auto grad_w12 = grad_fitted.sum(0, true);
 
   // conv model: readout, step, fit
   const auto q3 = in.q3.narrow(1, num_extra, P), k3 = in.k3.narrow(1, num_extra, P),
@@ -318,7 +360,7 @@ std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out_flat,
   const auto grad_out3 = grad_out.select(2, heads);
   const auto grad_out3_patches = grad_out3.narrow(1, num_extra, P);
   auto grad_w3_fit = correlate3x3(q3, grad_out3_patches, H, W);
-  depthwise3x3_into(grad_out3_patches, w3_fit, H, W, true, gin.q3.narrow(1, num_extra, P));
+  depthwise3x3_into(grad_out3_patches, w3_fit, c10::nullopt, false, H, W, true, gin.q3.narrow(1, num_extra, P));
   if (num_extra) {
     const auto grad_extra = grad_out3.narrow(1, 0, num_extra);
     gin.q3.narrow(1, 0, num_extra).copy_(grad_extra * w3_fit.narrow(1, 4, 1));
@@ -335,8 +377,8 @@ std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out_flat,
                        norm3.data_ptr<T>() + b * d, T(P / inner_scale),
                        grad_grad3.data_ptr<T>() + b * 9 * d, 9, d);
   });
-  depthwise3x3_into(v3, grad_grad3, H, W, true, gin.k3.narrow(1, num_extra, P));
-  depthwise3x3_into(k3, grad_grad3, H, W, false, gin.v3.narrow(1, num_extra, P));
+  depthwise3x3_into(v3, grad_grad3, c10::nullopt, false, H, W, true, gin.k3.narrow(1, num_extra, P));
+  depthwise3x3_into(k3, grad_grad3, c10::nullopt, false, H, W, false, gin.v3.narrow(1, num_extra, P));
   return {grad_qkv, grad_w12, grad_w3_fit.sum(0, true)};
 }
 
