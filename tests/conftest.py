@@ -52,3 +52,14 @@ def teacher_ckpt(tmp_path_factory):
     path = tmp_path_factory.mktemp('teacher') / 'teacher.pth'
     torch.save(teacher.state_dict(), path)
     return path
+
+
+@pytest.fixture(params=['cpp', 'torch'])
+def kernel_path(request, monkeypatch):
+    """Run a test with linvit_mm's C++ CPU kernels and again with their PyTorch fallback."""
+    if request.param == 'torch':
+        import linvit_mm.ops.depthwise as depthwise
+        from linvit_mm.models.attention import ttt_step
+        for module in (depthwise, ttt_step):
+            monkeypatch.setattr(module, 'use_cpu_kernels', lambda *tensors: False)
+    return request.param

@@ -67,7 +67,8 @@ class TTTAttention(BaseAttention):
     initial weights (names and shapes as in the public ViT^3 model). ``cpe`` is the block's
     3x3 depthwise conditional position encoding, applied through ``encode_position``.
 
-    ``forward`` computes the inner gradients in closed form, batched over images and heads;
+    ``forward`` computes the inner gradients in closed form, batched over images and heads,
+    as one autograd node with a hand-written backward (``ttt_step.py``; C++ on the CPU);
     ``forward_reference`` takes them with ``torch.autograd.grad`` of the inner loss, image by
     image (the test oracle). Both keep the inner step differentiable for outer training.
 
@@ -127,9 +128,9 @@ class TTTAttention(BaseAttention):
     # ---- fast form: closed-form inner gradients, batched over images and heads -------------
 
     def _inner(self, qkv, num_extra, hw_shape):
-        (qkv, ) = float32_state(qkv)
-        return ttt_inner_step(qkv, *float32_state(self.w1, self.w2, self.w3), self.num_heads,
-                              num_extra, hw_shape, self.inner_scale)
+        qkv, w1, w2, w3 = float32_state(qkv, self.w1, self.w2, self.w3)
+        return ttt_inner_step(qkv, w1, w2, w3, self.num_heads, num_extra, hw_shape,
+                              self.inner_scale)
 
     def forward(self, x, hw_shape, return_map=False):
         if return_map:

@@ -67,10 +67,12 @@ def _step_backward(grad_fitted, grad, norm, offset, norm_dim):
     return grad_fitted / denom - grad * radial
 
 
-def _torch_forward(qkv, w12, w3_taps, heads, num_extra, H, W, inner_scale):
+def _torch_forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
     """PyTorch form of ``ttt_inner_forward``: ``[out, *saved]``, the same tensors."""
     B, N, _ = qkv.shape
-    d = w12.shape[-2]
+    d = w1.shape[-1]
+    w12 = torch.cat([w1, w2], dim=-1)
+    w3_taps = taps(w3)
     q, k, v, q3, k3, v3 = _heads(qkv, heads, d)
     out = qkv.new_empty(B, N, heads + 1, d)
 
@@ -94,12 +96,12 @@ def _torch_forward(qkv, w12, w3_taps, heads, num_extra, H, W, inner_scale):
         # extra tokens are 1 x 1 images of their own: only the centre tap reaches them
         out[:, :num_extra, heads] = q3[:, :num_extra] * w3_fit[:, None, 4]
     return [out.view(B, N, -1), z, gate_z, terms, grad, norm, w12_fit, p, gate_p, grad3, norm3,
-            w3_fit]
+            w3_fit, w12]
 
 
-def _torch_backward(grad_out, saved, qkv, w12, w3_taps, heads, num_extra, H, W, inner_scale):
-    """PyTorch form of ``ttt_inner_backward``: ``[grad_qkv, grad_w12, grad_w3_taps]``."""
-    z, gate_z, terms, grad, norm, w12_fit, p, gate_p, grad3, norm3, w3_fit = saved
+def _torch_backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale):
+    """PyTorch form of ``ttt_inner_backward``: ``[grad_qkv, grad_w1, grad_w2, grad_w3]``."""
+    z, gate_z, terms, grad, norm, w12_fit, p, gate_p, grad3, norm3, w3_fit, w12 = saved
     B, N, _ = qkv.shape
     d = w12.shape[-2]
     q, k, v, q3, k3, v3 = _heads(qkv, heads, d)
@@ -137,36 +139,38 @@ def _torch_backward(grad_out, saved, qkv, w12, w3_taps, heads, num_extra, H, W, 
     grad_grad3 = _step_backward(grad_w3_fit, grad3, norm3, H * W / inner_scale, 1)
     grad_k3[:, patches] = conv_tokens(v3[:, patches], grad_grad3, grid, flip=True)
     grad_v3[:, patches] = conv_tokens(k3[:, patches], grad_grad3, grid)
-    return [grad_qkv, grad_w12, grad_w3_fit.sum(0, keepdim=True)]
+    return [grad_qkv, *grad_w12.chunk(2, dim=-1), _untaps(grad_w3_fit.sum(0, keepdim=True))]
 
 
 class _TTTInnerStep(Function):
 
     @staticmethod
     def forward(ctx, qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
-        qkv = qkv.contiguous()
-        w12 = torch.cat([w1, w2], dim=-1)
-        w3_taps = taps(w3)
-        ctx.use_cpp = use_cpu_kernels(qkv, w12, w3_taps)
+        ctx.use_cpp = use_cpu_kernels(qkv, w1)
         forward = cpu_kernels().ttt_inner_forward if ctx.use_cpp else _torch_forward
-        out, *saved = forward(qkv, w12, w3_taps, heads, num_extra, H, W, inner_scale)
-        ctx.save_for_backward(qkv, w12, w3_taps, *saved)
+        out, *saved = forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale)
+        ctx.save_for_backward(qkv, *saved)
         ctx.config = heads, num_extra, H, W, inner_scale
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        qkv, w12, w3_taps, *saved = ctx.saved_tensors
+        qkv, *saved = ctx.saved_tensors
         backward = cpu_kernels().ttt_inner_backward if ctx.use_cpp else _torch_backward
-        grad_qkv, grad_w12, grad_w3_taps = backward(grad_out.contiguous(), saved, qkv, w12,
-                                                    w3_taps, *ctx.config)
-        grad_w1, grad_w2 = grad_w12.chunk(2, dim=-1)
-        return (grad_qkv, grad_w1, grad_w2, _untaps(grad_w3_taps), None, None, None, None,
-                None)
+        return (*backward(grad_out.contiguous(), saved, qkv, *ctx.config), None, None, None,
+                None, None)
 
 
 def ttt_inner_step(qkv, w1, w2, w3, heads, num_extra, hw_shape, inner_scale):
     """``(B, N, 3C + 3d)`` qkv -> ``(B, N, C + d)`` readouts of the SwiGLU heads and the conv
-    head, both inner models fitted by one normalised gradient step on this image's tokens."""
+    head, both inner models fitted by one normalised gradient step on this image's tokens.
+
+    ``w1``, ``w2``: ``(1, heads, d, d)``; ``w3``: ``(d, 1, 3, 3)``; all of qkv's dtype.
+    """
+    qkv = qkv.contiguous()
+    if not torch.is_grad_enabled() and use_cpu_kernels(qkv, w1):
+        # inference: no autograd node to build, nothing to keep
+        return cpu_kernels().ttt_inner_forward(qkv, w1, w2, w3, heads, num_extra, *hw_shape,
+                                               inner_scale)[0]
     return _TTTInnerStep.apply(qkv, w1, w2, w3, heads, num_extra, *hw_shape, inner_scale)

@@ -6,13 +6,13 @@ at::Tensor depthwise3x3(const at::Tensor& input, const at::Tensor& weight,
                         const c10::optional<at::Tensor>& bias, bool residual, int64_t H, int64_t W,
                         bool flip);
 at::Tensor correlate3x3(const at::Tensor& a, const at::Tensor& g, int64_t H, int64_t W);
-std::vector<at::Tensor> ttt_inner_forward(const at::Tensor& qkv, const at::Tensor& w12,
-                                          const at::Tensor& w3, int64_t heads, int64_t num_extra,
-                                          int64_t H, int64_t W, double inner_scale);
+std::vector<at::Tensor> ttt_inner_forward(const at::Tensor& qkv, const at::Tensor& w1,
+                                          const at::Tensor& w2, const at::Tensor& w3,
+                                          int64_t heads, int64_t num_extra, int64_t H, int64_t W,
+                                          double inner_scale);
 std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out,
                                            const std::vector<at::Tensor>& saved,
-                                           const at::Tensor& qkv, const at::Tensor& w12,
-                                           const at::Tensor& w3, int64_t heads,
+                                           const at::Tensor& qkv, int64_t heads,
                                            int64_t num_extra, int64_t H, int64_t W,
                                            double inner_scale);
 }  // namespace linvit_mm
@@ -27,10 +27,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("a"), py::arg("g"), py::arg("H"), py::arg("W"));
   m.def("ttt_inner_forward", &ttt_inner_forward,
         "ViT^3 inner step: [readouts, then the tensors ttt_inner_backward needs]", py::arg("qkv"),
-        py::arg("w12"), py::arg("w3"), py::arg("heads"), py::arg("num_extra"), py::arg("H"),
-        py::arg("W"), py::arg("inner_scale"));
+        py::arg("w1"), py::arg("w2"), py::arg("w3"), py::arg("heads"), py::arg("num_extra"),
+        py::arg("H"), py::arg("W"), py::arg("inner_scale"));
   m.def("ttt_inner_backward", &ttt_inner_backward,
-        "gradients of ttt_inner_forward: [qkv, w12, w3 taps]", py::arg("grad_out"),
-        py::arg("saved"), py::arg("qkv"), py::arg("w12"), py::arg("w3"), py::arg("heads"),
-        py::arg("num_extra"), py::arg("H"), py::arg("W"), py::arg("inner_scale"));
+        "gradients of ttt_inner_forward: [qkv, w1, w2, w3]", py::arg("grad_out"),
+        py::arg("saved"), py::arg("qkv"), py::arg("heads"), py::arg("num_extra"), py::arg("H"),
+        py::arg("W"), py::arg("inner_scale"));
 }

@@ -215,33 +215,38 @@ struct QKV {
   }
 };
 
-void check_inputs(const at::Tensor& qkv, const at::Tensor& w12, const at::Tensor& w3,
-                  int64_t heads, int64_t num_extra, int64_t H, int64_t W) {
+void check_inputs(const at::Tensor& qkv, const at::Tensor& w1, const at::Tensor& w2,
+                  const at::Tensor& w3, int64_t heads, int64_t num_extra, int64_t H, int64_t W) {
   TORCH_CHECK(qkv.dim() == 3 && qkv.is_contiguous() && qkv.device().is_cpu(),
               "qkv must be a contiguous (B, N, 3C + 3d) CPU tensor, got ", qkv.sizes());
-  TORCH_CHECK(w12.dim() == 4 && w12.size(0) == 1 && w12.size(1) == heads &&
-                  w12.size(3) == 2 * w12.size(2) && w12.is_contiguous(),
-              "w12 must be a contiguous (1, heads, d, 2d) tensor, got ", w12.sizes());
-  const int64_t d = w12.size(2);
+  TORCH_CHECK(w1.dim() == 4 && w1.size(0) == 1 && w1.size(1) == heads &&
+                  w1.size(2) == w1.size(3) && w2.sizes() == w1.sizes(),
+              "w1 and w2 must be (1, heads, d, d), got ", w1.sizes(), " and ", w2.sizes());
+  const int64_t d = w1.size(2);
   TORCH_CHECK(qkv.size(2) == (3 * heads + 3) * d, "qkv has ", qkv.size(2),
               " channels, (3 heads + 3) d = ", (3 * heads + 3) * d, " expected");
-  TORCH_CHECK(w3.dim() == 3 && w3.size(0) == 1 && w3.size(1) == 9 && w3.size(2) == d &&
-                  w3.is_contiguous(),
-              "w3 taps must be a contiguous (1, 9, d) tensor, got ", w3.sizes());
+  TORCH_CHECK(w3.dim() == 4 && w3.size(0) == d && w3.size(1) == 1 && w3.size(2) == 3 &&
+                  w3.size(3) == 3,
+              "w3 must be (d, 1, 3, 3), got ", w3.sizes());
   TORCH_CHECK(num_extra >= 0 && qkv.size(1) == num_extra + H * W, "qkv has ", qkv.size(1),
               " tokens, ", num_extra, " extra + ", H, "x", W, " patches expected");
-  TORCH_CHECK(w12.scalar_type() == qkv.scalar_type() && w3.scalar_type() == qkv.scalar_type(),
-              "qkv, w12 and w3 dtypes differ");
+  TORCH_CHECK(w1.scalar_type() == qkv.scalar_type() && w2.scalar_type() == qkv.scalar_type() &&
+                  w3.scalar_type() == qkv.scalar_type(),
+              "qkv, w1, w2 and w3 dtypes differ");
 }
 
 }  // namespace
 
-// Returns {out (B, N, (heads + 1) d), then what ttt_inner_backward needs}.
-std::vector<at::Tensor> ttt_inner_forward(const at::Tensor& qkv, const at::Tensor& w12,
-                                          const at::Tensor& w3, int64_t heads, int64_t num_extra,
-                                          int64_t H, int64_t W, double inner_scale) {
-  check_inputs(qkv, w12, w3, heads, num_extra, H, W);
-  const int64_t B = qkv.size(0), N = qkv.size(1), d = w12.size(2), P = H * W;
+// Returns {out (B, N, (heads + 1) d), then what ttt_inner_backward needs}. w1, w2 are the
+// SwiGLU inner model's initial weights (1, heads, d, d), w3 the conv model's (d, 1, 3, 3).
+std::vector<at::Tensor> ttt_inner_forward(const at::Tensor& qkv, const at::Tensor& w1,
+                                          const at::Tensor& w2, const at::Tensor& w3_kernel,
+                                          int64_t heads, int64_t num_extra, int64_t H, int64_t W,
+                                          double inner_scale) {
+  check_inputs(qkv, w1, w2, w3_kernel, heads, num_extra, H, W);
+  const int64_t B = qkv.size(0), N = qkv.size(1), d = w1.size(2), P = H * W;
+  const auto w12 = at::cat({w1, w2}, 3);                              // (1, heads, d, 2d)
+  const auto w3 = w3_kernel.reshape({d, 9}).t().contiguous().unsqueeze(0);  // (1, 9, d) taps
   const QKV in(qkv, heads, d);
   auto out = at::empty({B, N, heads + 1, d}, qkv.options());
   const auto out_heads = out.narrow(2, 0, heads).transpose(1, 2);
@@ -288,18 +293,17 @@ std::vector<at::Tensor> ttt_inner_forward(const at::Tensor& qkv, const at::Tenso
   if (num_extra)
     out3.narrow(1, 0, num_extra).copy_(in.q3.narrow(1, 0, num_extra) * w3_fit.narrow(1, 4, 1));
   return {out.view({B, N, (heads + 1) * d}), z, terms, grad, norm, w12_fit, p, grad3, norm3,
-          w3_fit};
+          w3_fit, w12, w3};
 }
 
-// Returns {grad_qkv (B, N, 3C + 3d), grad_w12 (1, heads, d, 2d), grad_w3 taps (1, 9, d)}.
+// Returns {grad_qkv (B, N, 3C + 3d), grad_w1, grad_w2 (1, heads, d, d), grad_w3 (d, 1, 3, 3)}.
 std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out_flat,
                                            const std::vector<at::Tensor>& saved,
-                                           const at::Tensor& qkv, const at::Tensor& w12,
-                                           const at::Tensor& w3, int64_t heads,
+                                           const at::Tensor& qkv, int64_t heads,
                                            int64_t num_extra, int64_t H, int64_t W,
                                            double inner_scale) {
-  check_inputs(qkv, w12, w3, heads, num_extra, H, W);
-  TORCH_CHECK(saved.size() == 9, "saved must be what ttt_inner_forward returned after out");
+  TORCH_CHECK(saved.size() == 11, "saved must be what ttt_inner_forward returned after out");
+  const auto &w12 = saved[9], &w3 = saved[10];
   const int64_t B = qkv.size(0), N = qkv.size(1), d = w12.size(2), P = H * W;
   TORCH_CHECK(grad_out_flat.sizes() == at::IntArrayRef({B, N, (heads + 1) * d}),
               "grad_out must be (B, N, (heads + 1) d), got ", grad_out_flat.sizes());
@@ -352,7 +356,7 @@ std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out_flat,
     });
   });
   flat(grad_fitted).baddbmm_(flat(in.k).transpose(1, 2), flat(grad_z));
-  const auto grad_w12 = grad_fitted.sum(0, true);
+  const auto grad_w12 = grad_fitted.sum(0, true).chunk(2, 3);
 
   // conv model: readout, step, fit
   const auto q3 = in.q3.narrow(1, num_extra, P), k3 = in.k3.narrow(1, num_extra, P),
@@ -379,7 +383,7 @@ std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out_flat,
   });
   depthwise3x3_into(v3, grad_grad3, c10::nullopt, false, H, W, true, gin.k3.narrow(1, num_extra, P));
   depthwise3x3_into(k3, grad_grad3, c10::nullopt, false, H, W, false, gin.v3.narrow(1, num_extra, P));
-  return {grad_qkv, grad_w12, grad_w3_fit.sum(0, true)};
+  return {grad_qkv, grad_w12[0], grad_w12[1], grad_w3_fit.sum(0).t().reshape({d, 1, 3, 3})};
 }
 
 }  // namespace linvit_mm

@@ -52,7 +52,7 @@ def output_and_grads(module, fn, x):
 
 @pytest.mark.parametrize('hw', GRIDS, ids=grid_id)
 @pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
-def test_closed_form_step_matches_autograd_step(num_extra, hw):
+def test_closed_form_step_matches_autograd_step(kernel_path, num_extra, hw):
     module = make()
     x = tokens(hw, num_extra)
     out, grads = output_and_grads(module, lambda t: module(t, hw), x)
@@ -179,7 +179,7 @@ def test_class_token_reads_the_centre_tap_and_joins_the_swiglu_fit():
 
 
 @pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
-def test_position_encoding_is_a_residual_depthwise_conv(num_extra):
+def test_position_encoding_is_a_residual_depthwise_conv(kernel_path, num_extra):
     module = make()
     hw = (7, 9)
     x = tokens(hw, num_extra)
