@@ -17,6 +17,7 @@ forward and backward (see ``extension.py`` for the build and the fallback).
 Token tensors need a channel stride of 1 only, so column slices of a fused qkv projection
 are used in place.
 """
+import torch
 import torch.nn.functional as F
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
@@ -102,6 +103,10 @@ def position_code(tokens, weight, bias, hw_shape):
         raise ValueError(f'weight must be ({C}, 1, 3, 3) and bias ({C},), got '
                          f'{tuple(weight.shape)} and {tuple(bias.shape)}')
     if use_cpu_kernels(tokens, weight, bias) and tokens.dtype == weight.dtype == bias.dtype:
-        return _PositionCode.apply(tokens, weight, bias, H, W)
+        if torch.is_grad_enabled():
+            return _PositionCode.apply(tokens, weight, bias, H, W)
+        # inference: the kernel alone, no autograd node
+        taps = weight.reshape(C, 9).t().contiguous().unsqueeze(0)
+        return cpu_kernels().depthwise3x3(tokens, taps, bias, True, H, W, False)
     taps = weight.reshape(C, 9).t().unsqueeze(0)
     return tokens + depthwise3x3_reference(tokens, taps, hw_shape) + bias

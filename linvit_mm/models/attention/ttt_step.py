@@ -7,8 +7,8 @@ the tests hold this to). Written as tensor operations the step is about forty au
 per block, and at 224 px their per-operation costs made ViT^3 1.2-1.3x slower than softmax
 attention. Here the forward keeps what the backward needs and the backward is written out.
 On the CPU both run in C++ (``ops/csrc/ttt_inner.cpp``: batched BLAS products, fused loops
-between them); elsewhere (GPU, or no compiler) the same computation runs as the PyTorch
-operations below, with the same saved tensors.
+between them); elsewhere (GPU, fp16 / bf16, or no compiler) the same computation runs as the
+PyTorch operations below. The two never mix: a backward runs the form its forward ran.
 
 Notation (per image and head; ``n`` tokens; ``c = n / scale``):
 
@@ -33,13 +33,13 @@ from torch.autograd.function import once_differentiable
 from ...ops import conv_tokens, correlate_tokens, cpu_kernels, use_cpu_kernels
 
 
-def taps(conv_weight):
+def _taps(conv_weight):
     """A depthwise ``(C, 1, 3, 3)`` kernel as ``(1, 9, C)`` taps, channels contiguous."""
     return conv_weight.flatten(1).t().contiguous().unsqueeze(0)
 
 
 def _untaps(tap_grad):
-    """The gradient of ``taps``: ``(1, 9, C)`` -> ``(C, 1, 3, 3)``."""
+    """The gradient of ``_taps``: ``(1, 9, C)`` -> ``(C, 1, 3, 3)``."""
     return tap_grad[0].t().reshape(-1, 1, 3, 3)
 
 
@@ -72,7 +72,7 @@ def _torch_forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
     B, N, _ = qkv.shape
     d = w1.shape[-1]
     w12 = torch.cat([w1, w2], dim=-1)
-    w3_taps = taps(w3)
+    w3_taps = _taps(w3)
     q, k, v, q3, k3, v3 = _heads(qkv, heads, d)
     out = qkv.new_empty(B, N, heads + 1, d)
 
