@@ -25,6 +25,11 @@ from torch.autograd.function import once_differentiable
 from .extension import cpu_kernels, use_cpu_kernels
 
 
+def kernel_taps(weight):
+    """A depthwise ``(C, 1, 3, 3)`` kernel as ``(1, 9, C)`` taps, channels contiguous."""
+    return weight.reshape(-1, 9).t().contiguous().unsqueeze(0)
+
+
 # ---- F.conv2d forms: the fallback and the tests' oracle ---------------------------------
 
 def _image(tokens, hw_shape):
@@ -48,15 +53,17 @@ def correlate3x3_reference(a, g, hw_shape):
 
 
 def conv_tokens(tokens, weight, hw_shape, flip=False):
-    """``depthwise3x3`` without autograd (C++ where it applies); ``flip`` mirrors the taps,
-    which makes it the transposed convolution."""
+    """The zero-padded depthwise conv of ``(B, H*W, C)`` tokens with ``(B or 1, 9, C)`` taps,
+    without autograd (C++ where it applies); ``flip`` mirrors the taps, which makes it the
+    transposed convolution."""
     if use_cpu_kernels(tokens, weight):
         return cpu_kernels().depthwise3x3(tokens, weight, None, False, *hw_shape, flip)
     return depthwise3x3_reference(tokens, weight.flip(1) if flip else weight, hw_shape)
 
 
 def correlate_tokens(a, g, hw_shape):
-    """``correlate3x3`` without autograd (C++ where it applies)."""
+    """``out[b, t, c] = sum_p a[b, p + s_t, c] g[b, p, c]``, ``(B, 9, C)``, without autograd
+    (C++ where it applies)."""
     if use_cpu_kernels(a, g):
         return cpu_kernels().correlate3x3(a, g, *hw_shape)
     return correlate3x3_reference(a, g, hw_shape)
@@ -70,7 +77,7 @@ class _PositionCode(Function):
 
     @staticmethod
     def forward(ctx, tokens, weight, bias, H, W):
-        taps = weight.reshape(-1, 9).t().contiguous().unsqueeze(0)
+        taps = kernel_taps(weight)
         ctx.save_for_backward(tokens, taps)
         ctx.hw = H, W
         return cpu_kernels().depthwise3x3(tokens, taps, bias, True, H, W, False)
@@ -85,7 +92,8 @@ class _PositionCode(Function):
             # the residual's gradient plus the transposed convolution's, in one pass
             grad_tokens = cpu_kernels().depthwise3x3(grad_out, taps, None, True, *ctx.hw, True)
         if ctx.needs_input_grad[1]:
-            grad_weight = correlate_tokens(tokens, grad_out, ctx.hw).sum(0).t().reshape(-1, 1, 3, 3)
+            grad_weight = correlate_tokens(tokens, grad_out, ctx.hw).sum(0).t()
+            grad_weight = grad_weight.reshape(-1, 1, 3, 3)
         if ctx.needs_input_grad[2]:
             grad_bias = grad_out.sum((0, 1))
         return grad_tokens, grad_weight, grad_bias, None, None
@@ -106,7 +114,5 @@ def position_code(tokens, weight, bias, hw_shape):
         if torch.is_grad_enabled():
             return _PositionCode.apply(tokens, weight, bias, H, W)
         # inference: the kernel alone, no autograd node
-        taps = weight.reshape(C, 9).t().contiguous().unsqueeze(0)
-        return cpu_kernels().depthwise3x3(tokens, taps, bias, True, H, W, False)
-    taps = weight.reshape(C, 9).t().unsqueeze(0)
-    return tokens + depthwise3x3_reference(tokens, taps, hw_shape) + bias
+        return cpu_kernels().depthwise3x3(tokens, kernel_taps(weight), bias, True, H, W, False)
+    return tokens + depthwise3x3_reference(tokens, kernel_taps(weight), hw_shape) + bias

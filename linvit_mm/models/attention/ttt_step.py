@@ -30,16 +30,11 @@ import torch
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
-from ...ops import conv_tokens, correlate_tokens, cpu_kernels, use_cpu_kernels
-
-
-def _taps(conv_weight):
-    """A depthwise ``(C, 1, 3, 3)`` kernel as ``(1, 9, C)`` taps, channels contiguous."""
-    return conv_weight.flatten(1).t().contiguous().unsqueeze(0)
+from ...ops import conv_tokens, correlate_tokens, cpu_kernels, kernel_taps, use_cpu_kernels
 
 
 def _untaps(tap_grad):
-    """The gradient of ``_taps``: ``(1, 9, C)`` -> ``(C, 1, 3, 3)``."""
+    """The gradient of ``kernel_taps``: ``(1, 9, C)`` -> ``(C, 1, 3, 3)``."""
     return tap_grad[0].t().reshape(-1, 1, 3, 3)
 
 
@@ -72,7 +67,7 @@ def _torch_forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
     B, N, _ = qkv.shape
     d = w1.shape[-1]
     w12 = torch.cat([w1, w2], dim=-1)
-    w3_taps = _taps(w3)
+    w3_taps = kernel_taps(w3)
     q, k, v, q3, k3, v3 = _heads(qkv, heads, d)
     out = qkv.new_empty(B, N, heads + 1, d)
 

@@ -63,9 +63,8 @@ inline float exp_vectorisable(float x) {
   const float t = x * 1.44269504f;
   const float n = (t + 12582912.f) - 12582912.f;  // t rounded to nearest (1.5 * 2^23 trick)
   const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  const float p =
-      1.f + r * (1.f + r * (0.5f + r * (0.16666667f + r * (0.041666668f +
-                                                          r * (0.008333334f + r * 0.0013888889f)))));
+  const float p = 1.f + r * (1.f + r * (0.5f + r * (0.16666667f + r * (0.041666668f + r *
+                                                (0.008333334f + r * 0.0013888889f)))));
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
@@ -364,7 +363,9 @@ std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out_flat,
   const auto grad_out3 = grad_out.select(2, heads);
   const auto grad_out3_patches = grad_out3.narrow(1, num_extra, P);
   auto grad_w3_fit = correlate3x3(q3, grad_out3_patches, H, W);
-  depthwise3x3_into(grad_out3_patches, w3_fit, c10::nullopt, false, H, W, true, gin.q3.narrow(1, num_extra, P));
+  const auto no_bias = c10::nullopt;
+  depthwise3x3_into(grad_out3_patches, w3_fit, no_bias, false, H, W, true,
+                    gin.q3.narrow(1, num_extra, P));
   if (num_extra) {
     const auto grad_extra = grad_out3.narrow(1, 0, num_extra);
     gin.q3.narrow(1, 0, num_extra).copy_(grad_extra * w3_fit.narrow(1, 4, 1));
@@ -381,8 +382,8 @@ std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out_flat,
                        norm3.data_ptr<T>() + b * d, T(P / inner_scale),
                        grad_grad3.data_ptr<T>() + b * 9 * d, 9, d);
   });
-  depthwise3x3_into(v3, grad_grad3, c10::nullopt, false, H, W, true, gin.k3.narrow(1, num_extra, P));
-  depthwise3x3_into(k3, grad_grad3, c10::nullopt, false, H, W, false, gin.v3.narrow(1, num_extra, P));
+  depthwise3x3_into(v3, grad_grad3, no_bias, false, H, W, true, gin.k3.narrow(1, num_extra, P));
+  depthwise3x3_into(k3, grad_grad3, no_bias, false, H, W, false, gin.v3.narrow(1, num_extra, P));
   return {grad_qkv, grad_w12[0], grad_w12[1], grad_w3_fit.sum(0).t().reshape({d, 1, 3, 3})};
 }
 
