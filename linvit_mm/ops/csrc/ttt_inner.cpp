@@ -292,7 +292,7 @@ std::vector<at::Tensor> ttt_inner_forward(const at::Tensor& qkv, const at::Tenso
   if (num_extra)
     out3.narrow(1, 0, num_extra).copy_(in.q3.narrow(1, 0, num_extra) * w3_fit.narrow(1, 4, 1));
   return {out.view({B, N, (heads + 1) * d}), z, terms, grad, norm, w12_fit, p, grad3, norm3,
-          w3_fit, w12, w3};
+          w3_fit, w12};
 }
 
 // Returns {grad_qkv (B, N, 3C + 3d), grad_w1, grad_w2 (1, heads, d, d), grad_w3 (d, 1, 3, 3)}.
@@ -301,8 +301,8 @@ std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out_flat,
                                            const at::Tensor& qkv, int64_t heads,
                                            int64_t num_extra, int64_t H, int64_t W,
                                            double inner_scale) {
-  TORCH_CHECK(saved.size() == 11, "saved must be what ttt_inner_forward returned after out");
-  const auto &w12 = saved[9], &w3 = saved[10];
+  TORCH_CHECK(saved.size() == 10, "saved must be what ttt_inner_forward returned after out");
+  const auto& w12 = saved[9];
   const int64_t B = qkv.size(0), N = qkv.size(1), d = w12.size(2), P = H * W;
   TORCH_CHECK(grad_out_flat.sizes() == at::IntArrayRef({B, N, (heads + 1) * d}),
               "grad_out must be (B, N, (heads + 1) d), got ", grad_out_flat.sizes());
