@@ -52,11 +52,18 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
     # Whether models using this operator carry a class token and learned position
     # embedding (softmax, elu, relu, inline) or pool patch tokens (mhla, ttt).
     uses_cls_token = True
+    # Attention dropout acts on the N x N map; only operators whose forward forms it
+    # (softmax) can apply it, the linear ones refuse a nonzero rate.
+    supports_attn_drop = False
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.):
         super().__init__()
         if embed_dims % num_heads != 0:
             raise ValueError(f'embed_dims={embed_dims} is not divisible by num_heads={num_heads}')
+        if attn_drop and not self.supports_attn_drop:
+            raise ValueError(f'attn_drop={attn_drop}: the {self.attn_type!r} operator never forms '
+                             f'the N x N map that attention dropout acts on; use attn_drop=0 '
+                             f'(proj_drop is supported)')
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.head_dims = embed_dims // num_heads

@@ -26,10 +26,6 @@ class LinearMapAttention(BaseAttention):
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                          proj_drop=proj_drop)
-        if attn_drop:
-            raise ValueError(f'attn_drop={attn_drop}: this linear attention never forms the '
-                             f'N x N map that attention dropout acts on; use attn_drop=0 '
-                             f'(proj_drop is supported)')
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
 

@@ -183,10 +183,6 @@ class MultiHeadLinearAttention(BaseAttention):
                  feature_floor=1e-6, qk_norm=False):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                          proj_drop=proj_drop)
-        if attn_drop:
-            raise ValueError(f'attn_drop={attn_drop}: MHLA never forms the N x N map that '
-                             f'attention dropout acts on; use attn_drop=0 (proj_drop is '
-                             f'supported)')
         if not (isinstance(value_kernel_size, int) and value_kernel_size > 0
                 and value_kernel_size % 2 == 1):
             raise ValueError(f'value_kernel_size must be a positive odd int (same padding), '

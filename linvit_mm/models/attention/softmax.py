@@ -19,6 +19,7 @@ class SoftmaxAttention(BaseAttention):
     """
 
     has_map = True
+    supports_attn_drop = True
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  fused=True):

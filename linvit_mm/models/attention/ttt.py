@@ -88,9 +88,6 @@ class TTTAttention(BaseAttention):
                  inner_scale=DEFAULT_INNER_SCALE):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                          proj_drop=proj_drop)
-        if attn_drop != 0:
-            raise ValueError(f'the ttt operator has no attention map, so attn_drop must be 0, '
-                             f'got {attn_drop}')
         if not inner_scale > 0:
             # the fast steps fold -scale / n into the norm clip's offset, which needs scale > 0
             raise ValueError(f'inner_scale must be positive, got {inner_scale}')
