@@ -55,11 +55,8 @@ def teacher_ckpt(tmp_path_factory):
 
 
 @pytest.fixture(params=['cpp', 'torch'])
-def kernel_path(request, monkeypatch):
+def kernel_path(request):
     """Run a test with linvit_mm's C++ CPU kernels and again with their PyTorch fallback."""
-    if request.param == 'torch':
-        import linvit_mm.ops.depthwise as depthwise
-        from linvit_mm.models.attention import ttt_step
-        for module in (depthwise, ttt_step):
-            monkeypatch.setattr(module, 'use_cpu_kernels', lambda *tensors: False)
-    return request.param
+    from linvit_mm.ops import set_cpu_kernels
+    with set_cpu_kernels(request.param == 'cpp'):
+        yield request.param

@@ -125,9 +125,10 @@ def bar_chart(results, attn_type, teacher_acc, path):
 
 
 def main(argv=None):
+    from linvit_mm.models.attention import attention_types
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--attn-type', default='relu',
-                        choices=['elu', 'relu', 'inline', 'mhla', 'ttt', 'softmax'],
+                        choices=attention_types(),
                         help='operator of the linear student (default relu)')
     parser.add_argument('--work-dir', default=osp.join(REPO, 'work_dirs', 'demo'))
     parser.add_argument('--data-root', default=osp.join(REPO, 'data', 'mini'))

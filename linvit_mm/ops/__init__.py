@@ -1,7 +1,13 @@
-"""Small compute kernels of the attention operators (C++ on the CPU, PyTorch elsewhere)."""
+"""Custom autograd operations of the attention operators and their C++ CPU halves.
+
+``set_cpu_kernels`` switches between the C++ kernels and their PyTorch forms (the same
+computation) for every operation here.
+"""
 from .depthwise import (conv_tokens, correlate3x3_reference, correlate_tokens,
-                        depthwise3x3_reference, kernel_taps, position_code)
-from .extension import cpu_kernels, use_cpu_kernels
+                        depthwise3x3_reference, depthwise_conv2d, kernel_taps, position_code)
+from .extension import cpu_kernels, set_cpu_kernels, use_cpu_kernels
+from .ttt_step import ttt_inner_step
 
 __all__ = ['conv_tokens', 'correlate3x3_reference', 'correlate_tokens', 'cpu_kernels',
-           'depthwise3x3_reference', 'kernel_taps', 'position_code', 'use_cpu_kernels']
+           'depthwise3x3_reference', 'depthwise_conv2d', 'kernel_taps', 'position_code',
+           'set_cpu_kernels', 'ttt_inner_step', 'use_cpu_kernels']

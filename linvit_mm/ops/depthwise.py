@@ -14,6 +14,9 @@ forward and backward (see ``extension.py`` for the build and the fallback).
 * ``position_code(tokens, weight, bias, hw_shape)``: ``tokens + conv(tokens) + bias`` with
   autograd, one pass each way (the conditional position encoding; ``(C, 1, 3, 3)`` weight).
 
+``depthwise_conv2d`` is MHLA's 5x5 value convolution in image layout; it has no C++ half,
+only a backward made of forward convolutions.
+
 Token tensors need a channel stride of 1 only, so column slices of a fused qkv projection
 are used in place.
 """
@@ -116,3 +119,52 @@ def position_code(tokens, weight, bias, hw_shape):
         # inference: the kernel alone, no autograd node
         return cpu_kernels().depthwise3x3(tokens, kernel_taps(weight), bias, True, H, W, False)
     return tokens + depthwise3x3_reference(tokens, kernel_taps(weight), hw_shape) + bias
+
+
+# ---- any odd kernel size, image layout (MHLA's value convolution) ----------------------
+
+class _DepthwiseConv2d(Function):
+    """Stride-1 depthwise convolution whose backward is made of forward convolutions.
+
+    oneDNN's depthwise backward on CPU is slow for a 5 x 5 kernel (about 15x the forward
+    at 14 x 14 x 384, 3x at 64 x 64). The input gradient is the correlation of the output
+    gradient with the flipped kernel, and the weight gradient correlates each channel of
+    the input with that channel of the output gradient (a grouped convolution whose
+    kernel is the output gradient); both run as forward kernels, and being ordinary ops
+    they differentiate again.
+    """
+
+    @staticmethod
+    def forward(ctx, image, weight, bias, padding):
+        ctx.save_for_backward(image, weight)
+        ctx.padding = padding
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return F.conv2d(image, weight, bias, padding=padding, groups=image.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        image, weight = ctx.saved_tensors
+        B, C, H, W = image.shape
+        padding, kernel = ctx.padding, weight.shape[-1]
+        # Under autocast the forward ran in the output's dtype whatever the parameters'
+        # dtype; the backward (outside autocast) computes in that dtype and returns each
+        # gradient in its input's dtype.
+        dtype = grad_out.dtype
+        grad_image = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_image = F.conv2d(grad_out, weight.to(dtype).flip(-2, -1),
+                                  padding=kernel - 1 - padding, groups=C).to(image.dtype)
+        if ctx.needs_input_grad[1]:
+            # group c: input channels (c, b) for every image b, kernel grad_out[b, c]
+            grad_weight = F.conv2d(image.to(dtype).transpose(0, 1).reshape(1, C * B, H, W),
+                                   grad_out.transpose(0, 1), padding=padding, groups=C)
+            grad_weight = grad_weight.view(weight.shape).to(weight.dtype)
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad_out.sum(dim=(0, 2, 3)).to(ctx.bias_dtype)
+        return grad_image, grad_weight, grad_bias, None
+
+
+def depthwise_conv2d(image, weight, bias, padding):
+    """``F.conv2d(image, weight, bias, padding=padding, groups=C)`` (stride 1) whose backward
+    runs as forward convolutions, see :class:`_DepthwiseConv2d`."""
+    return _DepthwiseConv2d.apply(image, weight, bias, padding)

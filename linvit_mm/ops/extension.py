@@ -10,7 +10,10 @@ takes about half a minute once, and is cached by torch per user
 Where the kernels cannot be used (no compiler, tensors on a GPU, fp16/bf16, or
 ``LINVIT_MM_CPU_KERNELS=0`` in the environment) every caller runs the same computation with
 PyTorch operations instead; the tests check both ways against each other.
+:func:`set_cpu_kernels` is the one switch between the two at run time; every operation of
+``linvit_mm.ops`` asks :func:`use_cpu_kernels`.
 """
+import contextlib
 import os
 import os.path as osp
 import warnings
@@ -28,6 +31,7 @@ _ARCH_FLAGS = {
 }
 _UNLOADED = object()
 _extension = _UNLOADED
+_enabled = os.environ.get('LINVIT_MM_CPU_KERNELS', '1') != '0'
 
 
 def cpu_kernels():
@@ -51,7 +55,31 @@ def cpu_kernels():
     return _extension
 
 
+def set_cpu_kernels(enabled):
+    """Use the C++ kernels where they apply (``True``) or PyTorch operations everywhere
+    (``False``); returns the previous setting. Also a context manager::
+
+        with set_cpu_kernels(False):
+            ...   # runs on PyTorch operations
+    """
+    global _enabled
+    previous, _enabled = _enabled, bool(enabled)
+    return _Restore(previous)
+
+
+class _Restore(contextlib.AbstractContextManager):
+
+    def __init__(self, previous):
+        self.previous = previous
+
+    def __bool__(self):
+        return self.previous
+
+    def __exit__(self, *exc):
+        set_cpu_kernels(self.previous)
+
+
 def use_cpu_kernels(*tensors):
-    """Whether the kernels apply: CPU tensors of fp32 / fp64, innermost stride 1."""
-    return (all(t.device.type == 'cpu' and t.dtype in KERNEL_DTYPES and t.stride(-1) == 1
+    """Whether the kernels apply: switched on, CPU tensors of fp32 / fp64, innermost stride 1."""
+    return _enabled and (all(t.device.type == 'cpu' and t.dtype in KERNEL_DTYPES and t.stride(-1) == 1
                 for t in tensors) and cpu_kernels() is not None)

@@ -46,8 +46,8 @@ component form, e.g. ``components=['attention', 'mlp', 'norms', 'patch_embed',
 """
 import re
 
-__all__ = ['COMPONENTS', 'SETTINGS', 'ANALYTIC_SETTINGS', 'NO_QK_ATTENTION', 'WIDER_ATTENTION',
-           'resolve_setting', 'component_of', 'is_softmax_tensor', 'block_index']
+__all__ = ['COMPONENTS', 'SETTINGS', 'ANALYTIC_SETTINGS', 'resolve_setting', 'component_of',
+           'is_softmax_tensor', 'block_index']
 
 COMPONENTS = ('attention', 'mlp', 'norms', 'patch_embed', 'pos_embed', 'cls_token', 'head')
 
@@ -61,23 +61,6 @@ SETTINGS = {
     'fullcopy': (COMPONENTS, None),
 }
 ANALYTIC_SETTINGS = tuple(name for name, (_, analytic) in SETTINGS.items() if analytic)
-
-# Operators that have no QK^T bilinear form for Mimetic / Impulse to shape.
-NO_QK_ATTENTION = {
-    'ttt': ('its queries read a SwiGLU and a 3x3 conv inner model fitted by one gradient step '
-            'on the keys and values of the image, not a softmax/kernel of q_i^T k_j, so there is '
-            'no QK^T (or value-output) product to initialise; its qkv (3C + 3d rows) and proj '
-            '(C + d inputs) are wider than a Softmax block\'s as well'),
-}
-
-# Operators whose standard attention layers are wider than a Softmax block's, and what
-# each layer takes from the checkpoint: 'leading rows' (the checkpoint's 3C rows become the
-# first 3C output rows; the rest keep the operator's init) or 'own init' (the whole layer,
-# weight and bias, keeps the operator's init). TTT: qkv is Linear(C, 3C + 3d), the extra
-# 3d rows are the q, k, v of its conv head; proj is Linear(C + d, C) (paper Table A).
-WIDER_ATTENTION = {
-    'ttt': {'qkv': 'leading rows', 'proj': 'own init'},
-}
 
 # mmpretrain names of a Softmax ViT, grouped by component. Anything else a model holds is
 # specific to its operator or architecture and has no counterpart in a checkpoint.

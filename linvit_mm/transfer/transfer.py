@@ -17,7 +17,8 @@ Rules:
   ``resize_pos_embed``, the model's interpolation mode) and a dtype conversion.
 - Operator-specific tensors (MHLA's ``block_mixing`` and ``value_conv``; TTT's ``w1``,
   ``w2``, ``w3``, ``cpe``, the extra ``3d`` qkv rows and its ``(C, C + d)`` proj) keep the
-  operator's own init. A model without class token or learned position embedding (MHLA,
+  operator's own init. Which rows of ``qkv`` / ``proj`` a checkpoint fills is the
+  operator class's ``softmax_fill``. A model without class token or learned position embedding (MHLA,
   TTT) reports the checkpoint's ``cls_token`` / ``pos_embed`` as "not in model".
 """
 from collections import OrderedDict
@@ -25,11 +26,12 @@ from collections import OrderedDict
 import torch
 from mmengine.logging import print_log
 
+from linvit_mm.models.attention import LEADING_ROWS, OWN_INIT, WHOLE
+
 from .analytic import IMPULSE_DEFAULTS, MIMETIC_DEFAULTS, impulse_init, mimetic_init
 from .checkpoint import SoftmaxCheckpoint, load_softmax_checkpoint
 from .report import REPORT_STATUSES, format_transfer_report
-from .settings import (COMPONENTS, NO_QK_ATTENTION, WIDER_ATTENTION, block_index, component_of,
-                       is_softmax_tensor, resolve_setting)
+from .settings import COMPONENTS, block_index, component_of, is_softmax_tensor, resolve_setting
 
 __all__ = ['transfer_softmax_weights']
 
@@ -147,16 +149,20 @@ def _analytic_kwargs(analytic, analytic_cfg):
 
 
 def _check_qk_operators(module, analytic):
-    layers = getattr(module, 'layers', None) or []
-    for index, layer in enumerate(layers):
-        attn_type = getattr(getattr(layer, 'attn', None), 'attn_type', None)
-        if attn_type in NO_QK_ATTENTION:
-            raise ValueError(f'the {analytic} setting is not defined for the {attn_type!r} '
-                             f'operator (layers.{index}.attn): {analytic.capitalize()} shapes '
-                             f'the per-head QK^T product W_q^T W_k and the value-output product, '
-                             f'and {attn_type} has no QK^T parameterisation: '
-                             f'{NO_QK_ATTENTION[attn_type]}. Use random, copy, mlpcopy or '
+    for name, attn in _operators(module):
+        if not attn.has_qk_form:
+            raise ValueError(f'the {analytic} setting is not defined for the {attn.attn_type!r} '
+                             f'operator ({name}): {analytic.capitalize()} shapes the per-head '
+                             f'QK^T product W_q^T W_k and the value-output product, and '
+                             f'{attn.attn_type} has no QK^T parameterisation: '
+                             f'{attn.qk_form_absent_because}. Use random, copy, mlpcopy or '
                              f'fullcopy')
+
+
+def _operators(module):
+    """``(name, operator)`` of every attention operator in ``module``."""
+    from linvit_mm.models.attention import BaseAttention
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, BaseAttention)]
 
 
 def _as_checkpoint(checkpoint, map_location, fc_norm_target):
@@ -170,12 +176,12 @@ def _as_checkpoint(checkpoint, map_location, fc_norm_target):
 
 
 def _operator_of(module, rel_name):
+    """The attention operator that holds the tensor ``rel_name`` of ``module``, or None."""
     parts = rel_name.split('.')
     if 'attn' not in parts:
         return None
-    path = '.'.join(parts[:parts.index('attn') + 1])
     try:
-        return getattr(module.get_submodule(path), 'attn_type', None)
+        return module.get_submodule('.'.join(parts[:parts.index('attn') + 1]))
     except AttributeError:
         return None
 
@@ -210,14 +216,14 @@ def _plan(module, ckpt, selected, prefix, notes):
         source = ckpt_tensors[rel]
         if component == 'attention':
             operator = _operator_of(module, rel)
-            rule = WIDER_ATTENTION.get(operator, {})
             layer_kind = rel.split('.')[-2]  # 'qkv' or 'proj'
-            if rule.get(layer_kind) == 'own init':
+            fill = getattr(operator, 'softmax_fill', {}).get(layer_kind, WHOLE)
+            if fill == OWN_INIT:
                 status[rel] = ('kept own init',
-                               f'{OPERATOR_SPECIFIC}: the {operator} '
+                               f'{OPERATOR_SPECIFIC}: the {operator.attn_type} '
                                f'{layer_kind} layer is not a Softmax block\'s')
                 continue
-            if rule.get(layer_kind) == 'leading rows' and target.shape != source.shape:
+            if fill == LEADING_ROWS and target.shape != source.shape:
                 if _differs_in_rows_only(source, target) and source.shape[0] < target.shape[0]:
                     rows = source.shape[0]
                     copies.append((target, source, rows))

@@ -5,9 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import linvit_mm.ops.depthwise as depthwise
 import linvit_mm.ops.extension as extension
-from linvit_mm.models.attention import ttt_step
+from linvit_mm.ops import ttt_step
 from linvit_mm.ops import (conv_tokens, correlate3x3_reference, correlate_tokens, cpu_kernels,
                            depthwise3x3_reference, position_code)
 from linvit_mm.testing import assert_rel_close
@@ -128,8 +127,7 @@ def test_inner_step_cpp_matches_torch_in_float32(kernels, monkeypatch):
         return [out.detach()] + [t.grad.clone() for t in (qkv, w1, w2, w3)]
 
     fast = run()
-    monkeypatch.setattr(ttt_step, 'use_cpu_kernels', lambda *tensors: False)
-    monkeypatch.setattr(depthwise, 'use_cpu_kernels', lambda *tensors: False)
+    monkeypatch.setattr(extension, '_enabled', False)
     reference = run()
     for name, a, b in zip(['out', 'qkv', 'w1', 'w2', 'w3'], fast, reference):
         assert_rel_close(a, b, 1e-5, name)

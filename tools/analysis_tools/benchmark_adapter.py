@@ -36,10 +36,10 @@ from datetime import datetime, timezone
 
 import torch
 
+from linvit_mm.models.attention import attention_types
 from linvit_mm.utils.benchmark import (ForwardClock, parse_arch, quiet_mmengine_logs,
                                       synchronise)
 
-OPERATORS = ('softmax', 'elu', 'relu', 'inline', 'mhla', 'ttt')
 REFERENCE = 'softmax'
 PAD_DIVISOR = 32  # mmdet's DetDataPreprocessor pad_size_divisor in the Mask R-CNN configs
 CSV_COLUMNS = ('operator', 'width', 'height', 'padded_width', 'padded_height', 'patch_tokens',
@@ -170,8 +170,9 @@ def parse_args(argv=None):
                         '(default: 1333 800, the Mask R-CNN 1x scale)')
     parser.add_argument('--arch', default='small', type=parse_arch,
                         help='LinearViT arch name or a JSON dict (default: small)')
-    parser.add_argument('--operators', nargs='+', default=list(OPERATORS),
-                        help=f'operators to compare (default: all: {" ".join(OPERATORS)})')
+    operators = attention_types()
+    parser.add_argument('--operators', nargs='+', default=operators,
+                        help=f'operators to compare (default: all: {" ".join(operators)})')
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--device', default='cpu')
@@ -179,10 +180,9 @@ def parse_args(argv=None):
                         help='torch intra-op threads (default: torch default)')
     parser.add_argument('--csv', dest='csv_path', default=None, help='write the rows here')
     args = parser.parse_args(argv)
-    from linvit_mm.models.attention import ATTENTIONS
-    unknown = [op for op in args.operators if op not in ATTENTIONS]
+    unknown = [op for op in args.operators if op not in operators]
     if unknown:
-        parser.error(f'unknown operators {unknown}; valid: {", ".join(sorted(ATTENTIONS))}')
+        parser.error(f'unknown operators {unknown}; valid: {", ".join(operators)}')
     if len(set(args.operators)) != len(args.operators):
         parser.error(f'--operators lists an operator twice: {args.operators}')
     if args.repeats < 1 or args.warmup < 0 or min(args.size) < 1:

@@ -43,7 +43,7 @@ Multiply-accumulate counts (the speed-up bound)
       ``(C + d) x C``);
     * every ``nn.Conv2d`` in the block, on the patch grid: ``P * out * in/groups * k^2``
       (MHLA's 5 x 5 depthwise value conv ``25 P C``, TTT's 3 x 3 position conv ``9 P C``);
-    * the attention core:
+    * the attention core, each operator's ``core_macs`` (on its class):
 
       - softmax: ``2 N^2 C`` (``Q K^T`` and ``A V``);
       - elu, relu: ``2 N C d + 2 N C`` (state ``K^T V`` and its read ``Q S``; key sum and
@@ -84,9 +84,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from linvit_mm.models.attention import attention_types
 from linvit_mm.utils.benchmark import parse_arch, quiet_mmengine_logs, synchronise
 
-OPERATORS = ('softmax', 'elu', 'relu', 'inline', 'mhla', 'ttt')
 DEFAULT_SIZES = (224, 512, 1024, 2048)
 REFERENCE = 'softmax'
 CSV_COLUMNS = ('size', 'patch_tokens', 'tokens', 'operator', 'fwd_ms', 'train_ms', 'peak_mib',
@@ -94,8 +94,8 @@ CSV_COLUMNS = ('size', 'patch_tokens', 'tokens', 'operator', 'fwd_ms', 'train_ms
                'train_pct_of_bound', 'gmacs', 'fwd_cpu_ms', 'train_cpu_ms', 'cpu_speedup_fwd',
                'cpu_speedup_train', 'fwd_samples_ms', 'train_samples_ms', 'repeats',
                'warmup', 'threads', 'background_cores', 'retakes', 'device', 'memory_method')
-# Issue targets (CPU, fp32, batch 1, ViT-S).
-BOUND_FRACTION = {'elu': .90, 'relu': .90, 'inline': .90, 'mhla': .75, 'ttt': .75}
+# Targets (CPU, fp32, batch 1, ViT-S); the fraction of the MAC bound is each operator's
+# ``bound_fraction_target``.
 BOUND_TARGET_TOKENS = (4096, 16384)
 SMALL_TOKENS, SMALL_SLOWDOWN = 196, 1.1
 MEMORY_PAIR, MEMORY_GROWTH = (4096, 16384), 4.5
@@ -127,39 +127,6 @@ def _conv_macs(conv, num_patches):
     return num_patches * conv.out_channels * (conv.in_channels // conv.groups) * kh * kw
 
 
-def _softmax_core(attn, num_tokens, hw_shape):
-    return 2 * num_tokens**2 * attn.embed_dims
-
-
-def _kernel_core(attn, num_tokens, hw_shape):
-    C, d = attn.embed_dims, attn.head_dims
-    return 2 * num_tokens * C * d + 2 * num_tokens * C
-
-
-def _inline_core(attn, num_tokens, hw_shape):
-    C, d = attn.embed_dims, attn.head_dims
-    return 2 * num_tokens * C * d + 4 * num_tokens * C
-
-
-def _mhla_core(attn, num_tokens, hw_shape):
-    C, d = attn.embed_dims, attn.head_dims
-    layout = attn.block_layout(hw_shape)
-    num_extra = num_tokens - hw_shape[0] * hw_shape[1]
-    padded = num_extra + layout.num_blocks * layout.block_h * layout.block_w
-    return 2 * padded * C * d + 2 * padded * C + layout.num_blocks**2 * C * (d + 1)
-
-
-def _ttt_core(attn, num_tokens, hw_shape):
-    C, d, h = attn.embed_dims, attn.head_dims, attn.num_heads
-    num_patches = hw_shape[0] * hw_shape[1]
-    num_extra = num_tokens - num_patches
-    return 6 * num_tokens * C * d + 2 * h * d * d + 18 * num_patches * d + num_extra * d + 9 * d
-
-
-ATTENTION_CORE_MACS = {'softmax': _softmax_core, 'elu': _kernel_core, 'relu': _kernel_core,
-                       'inline': _inline_core, 'mhla': _mhla_core, 'ttt': _ttt_core}
-
-
 def count_macs(model, size):
     """Multiply-accumulates of one forward pass of ``model`` on a ``size``-px square image.
 
@@ -173,17 +140,12 @@ def count_macs(model, size):
     counts = dict(patch_embed=_conv_macs(model.patch_embed.projection, num_patches), linear=0,
                   conv=0, attention_core=0)
     for layer in model.layers:
-        attn_type = layer.attn.attn_type
-        if attn_type not in ATTENTION_CORE_MACS:
-            raise ValueError(f'no MAC formula for the {attn_type!r} operator; operators with '
-                             f'one: {", ".join(ATTENTION_CORE_MACS)}')
         for module in layer.modules():
             if isinstance(module, nn.Linear):
                 counts['linear'] += num_tokens * module.in_features * module.out_features
             elif isinstance(module, nn.Conv2d):
                 counts['conv'] += _conv_macs(module, num_patches)
-        counts['attention_core'] += ATTENTION_CORE_MACS[attn_type](layer.attn, num_tokens,
-                                                                   hw_shape)
+        counts['attention_core'] += layer.attn.core_macs(num_tokens, hw_shape)
     counts['blocks'] = counts['linear'] + counts['conv'] + counts['attention_core']
     counts['total'] = counts['blocks'] + counts['patch_embed']
     return counts
@@ -488,12 +450,20 @@ def format_table(rows, size):
     return '\n'.join(lines)
 
 
+def bound_fractions(operators):
+    """``{operator: bound_fraction_target}`` of the measured operators that have one."""
+    from linvit_mm.models.attention import attention_class
+    fractions = {op: attention_class(op).bound_fraction_target for op in operators}
+    return {op: fraction for op, fraction in fractions.items() if fraction is not None}
+
+
 def evaluate_targets(rows):
-    """The issue's targets as ``(name, 'PASS' | 'FAIL' | 'SKIP', detail)`` triples."""
+    """The targets as ``(name, 'PASS' | 'FAIL' | 'SKIP', detail)`` triples."""
     by_key = {(row['patch_tokens'], row['operator']): row for row in rows}
+    targets = bound_fractions(dict.fromkeys(row['operator'] for row in rows))
     results = []
     for tokens in BOUND_TARGET_TOKENS:
-        for op, fraction in BOUND_FRACTION.items():
+        for op, fraction in targets.items():
             row = by_key.get((tokens, op))
             for kind in ('fwd', 'train'):
                 name = f'{op} {kind} speed-up >= {fraction:.0%} of MAC bound @ {tokens} tokens'
@@ -504,7 +474,7 @@ def evaluate_targets(rows):
                 results.append((name, 'PASS' if pct >= 100 * fraction else 'FAIL',
                                 f'{row[f"speedup_{kind}"]:.2f}x of {row["mac_bound"]:.2f}x '
                                 f'= {pct:.0f}%'))
-    for op in BOUND_FRACTION:
+    for op in targets:
         row, ref = by_key.get((SMALL_TOKENS, op)), by_key.get((SMALL_TOKENS, REFERENCE))
         for kind in ('fwd', 'train'):
             name = f'{op} {kind} @ {SMALL_TOKENS} tokens <= {SMALL_SLOWDOWN}x softmax'
@@ -515,7 +485,7 @@ def evaluate_targets(rows):
             results.append((name, 'PASS' if ratio <= SMALL_SLOWDOWN else 'FAIL',
                             f'{ratio:.2f}x softmax'))
     small, large = MEMORY_PAIR
-    for op in BOUND_FRACTION:
+    for op in targets:
         name = f'{op} train peak memory @ {large} <= {MEMORY_GROWTH}x @ {small} tokens'
         lo, hi = by_key.get((small, op)), by_key.get((large, op))
         if lo is None or hi is None or lo['peak_mib'] is None or hi['peak_mib'] is None:
@@ -571,8 +541,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description='Latency, training-step latency and peak memory of LinearViT per '
                     'attention operator, against softmax and its MAC-count bound.')
-    parser.add_argument('--operators', nargs='+', default=list(OPERATORS),
-                        help=f'operators to compare (default: all of {", ".join(OPERATORS)}; '
+    operators = attention_types()
+    parser.add_argument('--operators', nargs='+', default=operators,
+                        help=f'operators to compare (default: all of {", ".join(operators)}; '
                              f'{REFERENCE} is the reference of every ratio)')
     parser.add_argument('--sizes', nargs='+', type=int, default=list(DEFAULT_SIZES),
                         help='square input sizes in px (multiples of the patch size)')
@@ -601,9 +572,9 @@ def parse_args(argv=None):
     parser.add_argument('--probe-memory', metavar='OPERATOR', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.arch = parse_arch(args.arch)
-    unknown = [op for op in args.operators if op not in OPERATORS]
+    unknown = [op for op in args.operators if op not in operators]
     if unknown:
-        parser.error(f'unknown operators {unknown}; valid operators are: {", ".join(OPERATORS)}')
+        parser.error(f'unknown operators {unknown}; valid operators are: {", ".join(operators)}')
     if args.repeats < 1 or args.warmup < 0:
         parser.error('--repeats must be >= 1 and --warmup >= 0')
     if args.threads is None:

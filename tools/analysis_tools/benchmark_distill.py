@@ -248,14 +248,14 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.batch_size < 1:
         parser.error('--iters and --batch-size must be >= 1, --warmup >= 0')
-    from linvit_mm.models.attention import ATTENTIONS, attention_class
-    if args.attn_type == 'softmax' or args.attn_type not in ATTENTIONS:
-        try:
-            attention_class(args.attn_type)
-        except ValueError as err:
-            parser.error(str(err))
+    from linvit_mm.models.attention import attention_class, attention_types
+    try:
+        attention_class(args.attn_type)
+    except ValueError as err:
+        parser.error(str(err))
+    if args.attn_type == 'softmax':
         parser.error('--attn-type softmax: the student would be its own teacher; choose a '
-                     f'linear operator ({", ".join(sorted(set(ATTENTIONS) - {"softmax"}))})')
+                     f'linear operator ({", ".join(attention_types()[1:])})')
     if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available():
         parser.error('--device cuda: CUDA is not available on this machine')
     return args

@@ -1,5 +1,6 @@
 """Attention operators behind one interface; ``build_attention(name, ...)`` picks one."""
-from .base import ATTENTIONS, BaseAttention, attention_class, build_attention, register_attention
+from .base import (ATTENTIONS, LEADING_ROWS, OWN_INIT, SOFTMAX_FILLS, WHOLE, BaseAttention,
+                   attention_class, attention_types, build_attention, register_attention)
 from .inline import InLineAttention
 from .kernel import ELUAttention, KernelAttention, ReLUAttention
 from .map_attention import LinearMapAttention
@@ -7,9 +8,7 @@ from .mhla import MultiHeadLinearAttention
 from .softmax import SoftmaxAttention
 from .ttt import TTTAttention
 
-__all__ = ['ATTENTIONS', 'BaseAttention', 'attention_class', 'build_attention',
-           'register_attention']
-__all__ += ['ELUAttention', 'InLineAttention', 'KernelAttention', 'LinearMapAttention', 'ReLUAttention',
-            'SoftmaxAttention']
-__all__ += ['MultiHeadLinearAttention']
-__all__ += ['TTTAttention']
+__all__ = ['ATTENTIONS', 'BaseAttention', 'attention_class', 'attention_types', 'build_attention',
+           'register_attention', 'LEADING_ROWS', 'OWN_INIT', 'SOFTMAX_FILLS', 'WHOLE']
+__all__ += ['ELUAttention', 'InLineAttention', 'KernelAttention', 'LinearMapAttention',
+            'MultiHeadLinearAttention', 'ReLUAttention', 'SoftmaxAttention', 'TTTAttention']

@@ -1,35 +1,70 @@
-"""The one interface every attention operator implements, and the registry that picks by name."""
+"""The one interface every attention operator implements, and the registry that picks by name.
+
+Everything the rest of linvit_mm needs to know about an operator is a class attribute or a
+method of its class: whether its models carry a class token, whether it has an N x N map,
+whether it has a ``Q K^T`` form (for the analytic initialisations), which rows of its
+layers a Softmax checkpoint fills, and its multiply-accumulate count. The transfer, the
+distillation hook, the benchmark tools and the demo read them from the class, so a new
+operator is one file (plus its tests) registered in :data:`ATTENTIONS`.
+"""
 from abc import ABCMeta, abstractmethod
 
 import torch
+from mmengine.registry import Registry
+from mmpretrain.registry import MODELS
 from torch import nn
 
-ATTENTIONS = {}
+# A child of mmpretrain's model registry, so third-party operators register with
+# ``@ATTENTIONS.register_module()`` in a module that ``custom_imports`` loads, and a lookup
+# needs no default scope (mmdet and mmseg runs find them too).
+ATTENTIONS = Registry('attention operator', parent=MODELS, scope='linvit_mm',
+                      locations=['linvit_mm.models.attention'])
+
+# What a Softmax checkpoint's ``qkv`` / ``proj`` tensor gives a layer of an operator:
+WHOLE = 'whole'                   # the layer has a Softmax block's shape: copied as is
+LEADING_ROWS = 'leading rows'     # the layer is wider: the checkpoint fills its first rows
+OWN_INIT = 'own init'             # the layer is not a Softmax block's: it keeps its init
+SOFTMAX_FILLS = (WHOLE, LEADING_ROWS, OWN_INIT)
 
 
 def register_attention(name):
-    """Class decorator: make an operator buildable as ``build_attention(name, ...)``."""
+    """Class decorator: register an operator under ``name`` and record it as its ``attn_type``."""
 
     def wrap(cls):
-        if name in ATTENTIONS:
-            raise KeyError(f'attention type {name!r} is registered twice')
-        ATTENTIONS[name] = cls
+        if not (isinstance(cls, type) and issubclass(cls, BaseAttention)):
+            raise TypeError(f'{cls!r} is not a BaseAttention subclass')
         cls.attn_type = name
+        ATTENTIONS.register_module(name=name, module=cls)
         return cls
 
     return wrap
 
 
+def attention_types():
+    """The registered operator names, Softmax first (the reference row)."""
+    names = sorted(ATTENTIONS.module_dict)
+    return sorted(names, key=lambda name: name != 'softmax')
+
+
 def attention_class(attn_type):
-    try:
-        return ATTENTIONS[attn_type]
-    except KeyError:
+    """The operator class registered as ``attn_type``; the error lists the valid names."""
+    operator = ATTENTIONS.get(attn_type) if isinstance(attn_type, str) else None
+    # The registry also searches its parent (mmpretrain's models): only operators count.
+    if not (isinstance(operator, type) and issubclass(operator, BaseAttention)):
         raise ValueError(f'unknown attention type {attn_type!r}; valid types are: '
-                         f'{", ".join(sorted(ATTENTIONS))}') from None
+                         f'{", ".join(attention_types())} (operators of other packages '
+                         f'register in linvit_mm.models.attention.ATTENTIONS and are imported '
+                         f'with custom_imports)')
+    return operator
 
 
-def build_attention(attn_type, **kwargs):
-    return attention_class(attn_type)(**kwargs)
+def build_attention(cfg, **kwargs):
+    """Build an operator from its name (``build_attention('relu', embed_dims=..., ...)``) or
+    from a config dict whose ``type`` is the name."""
+    if isinstance(cfg, dict):
+        kwargs = {**{k: v for k, v in cfg.items() if k != 'type'}, **kwargs}
+        cfg = cfg.get('type')
+    return attention_class(cfg)(**kwargs)
 
 
 class BaseAttention(nn.Module, metaclass=ABCMeta):
@@ -41,13 +76,14 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
 
     Every operator owns ``qkv`` and ``proj`` linears named like mmpretrain's
     ``MultiheadAttention`` so Softmax checkpoints load by name; operator-specific
-    parameters live beside them. Subclasses implement ``forward`` (the fast form)
-    and ``forward_reference`` (an explicit O(N^2) form from the same parameters, the
-    test oracle). Operators whose attention can be written as an N x N map set
-    ``has_map`` and implement ``attention_map``.
+    parameters live beside them. Subclasses implement ``forward`` (the fast form, a
+    tensor), ``forward_reference`` (an explicit O(N^2) form from the same parameters,
+    the test oracle) and ``core_macs``. Operators whose attention can be written as an
+    N x N map set ``has_map`` and implement ``attention_map``, the one way to get it.
     """
 
     attn_type = None
+    # Whether the output equals ``A V`` for an N x N map ``attention_map`` can form.
     has_map = False
     # Whether models using this operator carry a class token and learned position
     # embedding (softmax, elu, relu, inline) or pool patch tokens (mhla, ttt).
@@ -55,6 +91,17 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
     # Attention dropout acts on the N x N map; only operators whose forward forms it
     # (softmax) can apply it, the linear ones refuse a nonzero rate.
     supports_attn_drop = False
+    # Whether each head scores token pairs through a bilinear form q_i^T k_j of the
+    # ``qkv`` rows, which the analytic initialisations (Mimetic, Impulse) shape. An
+    # operator without one says why in ``qk_form_absent_because``.
+    has_qk_form = True
+    qk_form_absent_because = None
+    # What a Softmax checkpoint's ``attn.qkv`` / ``attn.proj`` gives this operator's
+    # layer of the same name: one of ``SOFTMAX_FILLS``.
+    softmax_fill = {'qkv': WHOLE, 'proj': WHOLE}
+    # The fraction of its multiply-accumulate speed-up bound over Softmax that the
+    # backbone benchmark holds the operator to at long sequences (None: no target).
+    bound_fraction_target = None
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.):
         super().__init__()
@@ -91,12 +138,18 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
         return x.transpose(1, 2).reshape(B, N, h * d)
 
     @abstractmethod
-    def forward(self, x, hw_shape, return_map=False):
-        """The fast form: ``(B, N, C)`` -> ``(B, N, C)``, plus the map if asked and defined."""
+    def forward(self, x, hw_shape):
+        """The fast form: ``(B, N, C)`` -> ``(B, N, C)``."""
 
     @abstractmethod
     def forward_reference(self, x, hw_shape):
         """The explicit O(N^2) form of the same computation, from the same parameters."""
+
+    @abstractmethod
+    def core_macs(self, num_tokens, hw_shape):
+        """Multiply-accumulates of the attention core of one image: everything between the
+        ``qkv`` and ``proj`` projections except the ``nn.Linear`` / ``nn.Conv2d`` layers,
+        which are counted from their shapes by whoever counts (the benchmark tools)."""
 
     def encode_position(self, x, hw_shape):
         """Applied by the block to its input before ``ln1``; identity here.
@@ -109,8 +162,9 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
 
     def attention_map(self, x, hw_shape):
         """The ``(B, heads, N, N)`` map whose product with the values gives the output."""
+        with_map = [name for name in attention_types() if attention_class(name).has_map]
         raise TypeError(f'the {self.attn_type!r} operator has no attention map; operators with '
-                        f'one: {", ".join(sorted(k for k, c in ATTENTIONS.items() if c.has_map))}')
+                        f'one: {", ".join(with_map)}')
 
     def extra_repr(self):
         return f'attn_type={self.attn_type!r}, embed_dims={self.embed_dims}, heads={self.num_heads}'

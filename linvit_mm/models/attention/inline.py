@@ -48,3 +48,9 @@ class InLineAttention(LinearMapAttention):
             k_mean = k.mean(dim=-2).unsqueeze(-1)
             offset = (1 - self.scale * (q @ k_mean)) / num_tokens             # (B, h, N, 1)
             return (self.scale / num_tokens) * (q @ k.transpose(-2, -1)) + offset
+
+    def core_macs(self, num_tokens, hw_shape):
+        # K^T V and its read-out (N d^2 per head each); key and value means, q^T k_mean and
+        # the mean-value term (N d per head each)
+        C, d = self.embed_dims, self.head_dims
+        return 2 * num_tokens * C * d + 4 * num_tokens * C

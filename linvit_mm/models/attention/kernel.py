@@ -91,6 +91,11 @@ class KernelAttention(LinearMapAttention):
             scores = q @ k.transpose(-2, -1)
             return scores / (scores.sum(dim=-1, keepdim=True) + self.eps)
 
+    def core_macs(self, num_tokens, hw_shape):
+        # the d x d state and its read-out: N d^2 per head each; normaliser sum and read
+        C, d = self.embed_dims, self.head_dims
+        return 2 * num_tokens * C * d + 2 * num_tokens * C
+
     def extra_repr(self):
         return f'{super().extra_repr()}, feature_map={self.feature_map!r}, eps={self.eps}'
 

@@ -22,6 +22,7 @@ class LinearMapAttention(BaseAttention):
     """
 
     has_map = True
+    bound_fraction_target = .90
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
@@ -50,12 +51,8 @@ class LinearMapAttention(BaseAttention):
     def _project(self, heads):
         return self.proj_drop(self.proj(self.merge_heads(heads)))
 
-    def forward(self, x, hw_shape, return_map=False):
-        q, k, v = self._heads(x, hw_shape)
-        if return_map:
-            out, attn = self._with_map(q, k, v)
-            return self._project(out), attn
-        return self._project(self._linear(q, k, v))
+    def forward(self, x, hw_shape):
+        return self._project(self._linear(*self._heads(x, hw_shape)))
 
     def forward_reference(self, x, hw_shape):
         out, _ = self._with_map(*self._heads(x, hw_shape))

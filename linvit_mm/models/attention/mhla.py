@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...ops import depthwise_conv2d
 from .base import BaseAttention, float32_state, register_attention
 
 MIXING_INITS = ('linear', 'cos')
@@ -83,47 +84,6 @@ def distance_mixing_matrix(num_blocks, mode='linear'):
     return (weights / weights.sum(dim=0, keepdim=True)).float()
 
 
-class _DepthwiseConv2d(torch.autograd.Function):
-    """Stride-1 depthwise convolution whose backward is made of forward convolutions.
-
-    oneDNN's depthwise backward on CPU is slow for a 5 x 5 kernel (about 15x the forward
-    at 14 x 14 x 384, 3x at 64 x 64). The input gradient is the correlation of the output
-    gradient with the flipped kernel, and the weight gradient correlates each channel of
-    the input with that channel of the output gradient (a grouped convolution whose
-    kernel is the output gradient); both run as forward kernels, and being ordinary ops
-    they differentiate again.
-    """
-
-    @staticmethod
-    def forward(ctx, image, weight, bias, padding):
-        ctx.save_for_backward(image, weight)
-        ctx.padding = padding
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return F.conv2d(image, weight, bias, padding=padding, groups=image.shape[1])
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        image, weight = ctx.saved_tensors
-        B, C, H, W = image.shape
-        padding, kernel = ctx.padding, weight.shape[-1]
-        # Under autocast the forward ran in the output's dtype whatever the parameters'
-        # dtype; the backward (outside autocast) computes in that dtype and returns each
-        # gradient in its input's dtype.
-        dtype = grad_out.dtype
-        grad_image = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_image = F.conv2d(grad_out, weight.to(dtype).flip(-2, -1),
-                                  padding=kernel - 1 - padding, groups=C).to(image.dtype)
-        if ctx.needs_input_grad[1]:
-            # group c: input channels (c, b) for every image b, kernel grad_out[b, c]
-            grad_weight = F.conv2d(image.to(dtype).transpose(0, 1).reshape(1, C * B, H, W),
-                                   grad_out.transpose(0, 1), padding=padding, groups=C)
-            grad_weight = grad_weight.view(weight.shape).to(weight.dtype)
-        if ctx.needs_input_grad[2]:
-            grad_bias = grad_out.sum(dim=(0, 2, 3)).to(ctx.bias_dtype)
-        return grad_image, grad_weight, grad_bias, None
-
-
 def _pair(num_blocks):
     if isinstance(num_blocks, int):
         num_blocks = (num_blocks, num_blocks)
@@ -177,6 +137,7 @@ class MultiHeadLinearAttention(BaseAttention):
     """
 
     uses_cls_token = False
+    bound_fraction_target = .75
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  num_blocks=(2, 2), mixing_init='linear', value_kernel_size=5, eps=1e-6,
@@ -241,19 +202,19 @@ class MultiHeadLinearAttention(BaseAttention):
         channels-last NCHW view they need no transposing copy, and oneDNN's
         channels-last depthwise kernel is several times faster than the NCHW one; the
         output, channels-last too, reads back as tokens without a copy.
-        ``fast_backward`` selects :class:`_DepthwiseConv2d`'s backward; the reference
+        ``fast_backward`` selects ``ops.depthwise_conv2d``'s backward; the reference
         keeps PyTorch's, so the tests compare the two.
         """
         B, _, C = patch_values.shape
         image = patch_values.reshape(B, *hw_shape, C).permute(0, 3, 1, 2)
         if fast_backward:
             conv = self.value_conv
-            local = _DepthwiseConv2d.apply(image, conv.weight, conv.bias, conv.padding[0])
+            local = depthwise_conv2d(image, conv.weight, conv.bias, conv.padding[0])
         else:
             local = self.value_conv(image)
         return local.permute(0, 2, 3, 1).reshape(B, -1, C)
 
-    def _value_conv(self, v, hw_shape, num_extra):
+    def _reference_value_conv(self, v, hw_shape, num_extra):
         """Depthwise convolution of the patch values in image layout; zero for extra tokens.
 
         The reference's form, with PyTorch's own convolution backward.
@@ -345,9 +306,7 @@ class MultiHeadLinearAttention(BaseAttention):
                 out_extra = self.merge_heads(numerator / (normaliser + self.eps))
         return out.to(out_dtype), out_extra.to(out_dtype) if num_extra else None
 
-    def forward(self, x, hw_shape, return_map=False):
-        if return_map:
-            self.attention_map(x, hw_shape)
+    def forward(self, x, hw_shape):
         num_extra = self.num_extra_tokens(x, hw_shape)
         layout = self.block_layout(hw_shape)  # rejects an empty grid before any work
         # split rather than slicing: its backward concatenates the gradients instead of
@@ -363,7 +322,7 @@ class MultiHeadLinearAttention(BaseAttention):
             out = torch.cat([out_extra, out], dim=1)
         return self.proj_drop(self.proj(out))
 
-    def mixing_weights(self, hw_shape, num_extra=0):
+    def reference_mixing_weights(self, hw_shape, num_extra=0):
         """``(N, N)`` factor on ``phi(q_t)^T phi(k_s)``: ``W[block(t), block(s)]`` between
         patch tokens, 1 wherever an extra token is involved."""
         H, W = hw_shape
@@ -384,13 +343,22 @@ class MultiHeadLinearAttention(BaseAttention):
         out_dtype = v.dtype
         with torch.autocast(device_type=v.device.type, enabled=False):
             q, k, v = float32_state(q, k, v)
-            mixing = float32_state(self.mixing_weights(hw_shape, num_extra))[0]
+            mixing = float32_state(self.reference_mixing_weights(hw_shape, num_extra))[0]
             q, k = self._features(q, k)
             scores = mixing * (q @ k.transpose(-2, -1))
             out = (scores @ v) / (scores.sum(dim=-1, keepdim=True) + self.eps)
         out = self.merge_heads(out.to(out_dtype))
-        out = out + self._value_conv(values, hw_shape, num_extra)
+        out = out + self._reference_value_conv(values, hw_shape, num_extra)
         return self.proj_drop(self.proj(out))
+
+    def core_macs(self, num_tokens, hw_shape):
+        # per padded token: its key-value outer product and the query read-out (d^2 per
+        # head each), the normaliser sum and read; the M x M mixing of every block's state
+        C, d = self.embed_dims, self.head_dims
+        layout = self.block_layout(hw_shape)
+        num_extra = num_tokens - hw_shape[0] * hw_shape[1]
+        padded = num_extra + layout.num_blocks * layout.block_h * layout.block_w
+        return 2 * padded * C * d + 2 * padded * C + layout.num_blocks**2 * C * (d + 1)
 
     def extra_repr(self):
         return (f'{super().extra_repr()}, num_blocks={self.num_blocks}, '

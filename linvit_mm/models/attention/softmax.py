@@ -15,7 +15,7 @@ class SoftmaxAttention(BaseAttention):
     Args:
         fused (bool): run ``F.scaled_dot_product_attention`` (flash / memory
             efficient kernels, no N x N map kept). ``False`` selects the explicit
-            eager form; it is also used whenever the map is requested.
+            eager form (``attention_map`` always forms the map).
     """
 
     has_map = True
@@ -43,16 +43,11 @@ class SoftmaxAttention(BaseAttention):
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.attn_drop if self.training else 0., scale=self.scale)
 
-    def forward(self, x, hw_shape, return_map=False):
+    def forward(self, x, hw_shape):
         self.num_extra_tokens(x, hw_shape)
         q, k, v = self.split_heads(self.qkv(x))
-        attn = None
-        if return_map or not self.fused:
-            out, attn = self._eager(q, k, v)
-        else:
-            out = self._fused(q, k, v)
-        out = self.proj_drop(self.proj(self.merge_heads(out)))
-        return (out, attn) if return_map else out
+        out = self._fused(q, k, v) if self.fused else self._eager(q, k, v)[0]
+        return self.proj_drop(self.proj(self.merge_heads(out)))
 
     def forward_reference(self, x, hw_shape):
         self.num_extra_tokens(x, hw_shape)
@@ -64,6 +59,10 @@ class SoftmaxAttention(BaseAttention):
         self.num_extra_tokens(x, hw_shape)
         q, k, _ = self.split_heads(self.qkv(x))
         return self._softmax_map(q, k)
+
+    def core_macs(self, num_tokens, hw_shape):
+        # Q K^T and the map times V: N^2 d per head each
+        return 2 * num_tokens**2 * self.embed_dims
 
     def extra_repr(self):
         return f'{super().extra_repr()}, fused={self.fused}'

@@ -33,20 +33,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...ops import position_code
-from .base import BaseAttention, float32_state, register_attention
-from .ttt_step import ttt_inner_step
+from ...ops import position_code, ttt_inner_step
+from .base import LEADING_ROWS, OWN_INIT, BaseAttention, float32_state, register_attention
 
 # The conv inner model has one channel and a 3x3 kernel: "head dim" 9.
 DEFAULT_INNER_SCALE = 9**-0.5
 
 
-def _normalise_gradient(grad, dim):
+def _reference_normalised_gradient(grad, dim):
     """``g / (||g|| + 1)`` along ``dim``: a soft clip that keeps small steps linear."""
     return grad / (grad.norm(dim=dim, keepdim=True) + 1.)
 
 
-def _swiglu(tokens, w1, w2):
+def _reference_swiglu(tokens, w1, w2):
     return (tokens @ w1) * F.silu(tokens @ w2)
 
 
@@ -68,7 +67,7 @@ class TTTAttention(BaseAttention):
     3x3 depthwise conditional position encoding, applied through ``encode_position``.
 
     ``forward`` computes the inner gradients in closed form, batched over images and heads,
-    as one autograd node with a hand-written backward (``ttt_step.py``; C++ on the CPU);
+    as one autograd node with a hand-written backward (``ops/ttt_step.py``; C++ on the CPU);
     ``forward_reference`` takes them with ``torch.autograd.grad`` of the inner loss, image by
     image (the test oracle). Both keep the inner step differentiable for outer training.
 
@@ -83,6 +82,17 @@ class TTTAttention(BaseAttention):
 
     has_map = False
     uses_cls_token = False
+    has_qk_form = False
+    qk_form_absent_because = (
+        'its queries read a SwiGLU and a 3x3 conv inner model fitted by one gradient step on '
+        'the keys and values of the image, not a softmax/kernel of q_i^T k_j, so there is no '
+        'QK^T (or value-output) product to initialise; its qkv (3C + 3d rows) and proj (C + d '
+        'inputs) are wider than a Softmax block\'s as well')
+    # qkv is Linear(C, 3C + 3d): a Softmax checkpoint's 3C rows are its standard q, k, v and
+    # the extra 3d rows (the conv head) keep their init; proj is Linear(C + d, C), not a
+    # Softmax block's layer.
+    softmax_fill = {'qkv': LEADING_ROWS, 'proj': OWN_INIT}
+    bound_fraction_target = .75
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  inner_scale=DEFAULT_INNER_SCALE):
@@ -129,9 +139,7 @@ class TTTAttention(BaseAttention):
         return ttt_inner_step(qkv, w1, w2, w3, self.num_heads, num_extra, hw_shape,
                               self.inner_scale)
 
-    def forward(self, x, hw_shape, return_map=False):
-        if return_map:
-            self.attention_map(x, hw_shape)
+    def forward(self, x, hw_shape):
         num_extra = self.num_extra_tokens(x, hw_shape)
         qkv = self.qkv(x)
         with _inner_precision(x.device.type):
@@ -155,12 +163,12 @@ class TTTAttention(BaseAttention):
         w1_init, w2_init = float32_state(self.w1[0], self.w2[0])
         offset1 = torch.zeros_like(w1_init, requires_grad=True)
         offset2 = torch.zeros_like(w2_init, requires_grad=True)
-        fitted = _swiglu(k, w1_init + offset1, w2_init + offset2)
+        fitted = _reference_swiglu(k, w1_init + offset1, w2_init + offset2)
         loss = -self.inner_scale / N * (fitted * v).sum()
         grad_w1, grad_w2 = torch.autograd.grad(loss, (offset1, offset2), create_graph=True)
-        w1 = w1_init - _normalise_gradient(grad_w1, -2)
-        w2 = w2_init - _normalise_gradient(grad_w2, -2)
-        swiglu_out = _swiglu(q, w1, w2).transpose(0, 1).reshape(N, C)
+        w1 = w1_init - _reference_normalised_gradient(grad_w1, -2)
+        w2 = w2_init - _reference_normalised_gradient(grad_w2, -2)
+        swiglu_out = _reference_swiglu(q, w1, w2).transpose(0, 1).reshape(N, C)
 
         def depthwise(image, kernel):
             return F.conv2d(image, kernel, padding=1, groups=d)
@@ -173,7 +181,7 @@ class TTTAttention(BaseAttention):
         fitted = depthwise(to_image(k_conv), w3_init + offset3)
         loss = -self.inner_scale / (H * W) * (fitted * to_image(v_conv)).sum()
         (grad_w3, ) = torch.autograd.grad(loss, (offset3, ), create_graph=True)
-        w3 = w3_init - _normalise_gradient(grad_w3, (-2, -1))
+        w3 = w3_init - _reference_normalised_gradient(grad_w3, (-2, -1))
         patch_out = depthwise(to_image(q_conv), w3).reshape(d, H * W).transpose(0, 1)
         # every extra token is a 1 x 1 image of its own
         extra_out = depthwise(q_conv[:num_extra].reshape(num_extra, d, 1, 1), w3)
@@ -191,6 +199,15 @@ class TTTAttention(BaseAttention):
                     [self._inner_reference(image, num_extra, hw_shape) for image in qkv])
             out = self.proj_drop(self.proj(inner_out.to(qkv.dtype)))
         return out if grad_enabled else out.detach()
+
+    def core_macs(self, num_tokens, hw_shape):
+        # SwiGLU branch: k [W1|W2], the inner gradient k^T T and q W' (2 N d^2 per head
+        # each), the column norms; conv branch: the tap correlation and the read-out (9 per
+        # patch and channel each), the centre tap of extra tokens, the kernel norms
+        C, d, h = self.embed_dims, self.head_dims, self.num_heads
+        num_patches = hw_shape[0] * hw_shape[1]
+        num_extra = num_tokens - num_patches
+        return 6 * num_tokens * C * d + 2 * h * d * d + 18 * num_patches * d + num_extra * d + 9 * d
 
     def extra_repr(self):
         return f'{super().extra_repr()}, inner_scale={self.inner_scale:.4g}'

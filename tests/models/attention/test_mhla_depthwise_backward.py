@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linvit_mm.models.attention.mhla import _DepthwiseConv2d
+from linvit_mm.ops.depthwise import _DepthwiseConv2d
 from linvit_mm.testing import assert_rel_close
 
 

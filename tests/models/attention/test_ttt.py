@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from linvit_mm.models.attention import ATTENTIONS, TTTAttention, build_attention
+from linvit_mm.models.attention import TTTAttention, attention_class, build_attention
 from linvit_mm.testing import assert_rel_close, rel_error
 
 GRIDS = [(14, 14), (7, 9), (5, 3)]
@@ -88,7 +88,7 @@ def test_inner_models_are_fitted_per_image(num_extra):
 def test_parameter_shapes_and_flags():
     C, d = EMBED_DIMS, HEAD_DIMS
     module = make(spread=0)
-    assert ATTENTIONS['ttt'] is TTTAttention
+    assert attention_class('ttt') is TTTAttention
     assert module.qkv.weight.shape == (3 * C + 3 * d, C)
     assert module.qkv.bias.shape == (3 * C + 3 * d, )
     assert module.proj.weight.shape == (C, C + d)
@@ -260,4 +260,4 @@ def test_invalid_arguments():
     with pytest.raises(ValueError, match='tokens cannot hold'):
         module(tokens((7, 9), 0), (8, 9))
     with pytest.raises(TypeError, match='no attention map'):
-        module(tokens((5, 3), 0), (5, 3), return_map=True)
+        module.attention_map(tokens((5, 3), 0), (5, 3))

@@ -30,7 +30,8 @@ import torch
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
-from ...ops import conv_tokens, correlate_tokens, cpu_kernels, kernel_taps, use_cpu_kernels
+from .depthwise import conv_tokens, correlate_tokens, kernel_taps
+from .extension import cpu_kernels, use_cpu_kernels
 
 
 def _untaps(tap_grad):
