@@ -14,7 +14,9 @@ CUDA ops where ``nvcc`` and a CUDA device exist). The compiled wheel is kept in
 a wheelhouse (``$LINVIT_WHEELHOUSE``, default ``~/.cache/linvit_mm/wheelhouse``)
 keyed by mmcv, torch, Python and the op flavour, so a new venv does not
 recompile. Everything that could fail (downloads, the compile) happens before
-the environment is touched, and a failed step names its log.
+the environment is touched, and a failed step names its log. A step's own output
+goes to its log; the console gets a line with the elapsed time every
+``HEARTBEAT_S`` seconds while a step runs (the mmcv compile takes about 10 min).
 """
 import argparse
 import hashlib
@@ -38,6 +40,9 @@ MMCV_VERSION = '2.1.0'
 MMCV_PATCHES = (("'-std=c++17'", "'-std=c++20'"), )
 FRESH_VENV_FREE_GB = 12.0  # venv ~6.1 GB plus the mmcv build tree and pip caches
 UPDATE_FREE_GB = 2.0
+# A long step (the torch download, the mmcv compile) says it is alive this often; pip and
+# the compiler write only to the step's log.
+HEARTBEAT_S = 30.
 
 
 class StepFailed(RuntimeError):
@@ -46,6 +51,18 @@ class StepFailed(RuntimeError):
 
 def log(msg):
     print(f'[setup_env {time.strftime("%H:%M:%S")}] {msg}', flush=True)
+
+
+def format_elapsed(seconds):
+    """``45 s``, ``4 min 30 s``, ``1 h 02 min``."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f'{seconds} s'
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f'{minutes} min {seconds:02d} s'
+    hours, minutes = divmod(minutes, 60)
+    return f'{hours} h {minutes:02d} min'
 
 
 def sha256_of(*parts):
@@ -97,13 +114,13 @@ class Env:
         for later in order[order.index(step) + 1:]:
             (self.stamps / later).unlink(missing_ok=True)
 
-    def run(self, step, cmd, env=None, cwd=None):
+    def run(self, step, cmd, env=None, cwd=None, doing=None):
         self.logs.mkdir(parents=True, exist_ok=True)
         log_path = self.logs / f'{step}.log'
-        return run_logged(step, cmd, log_path, env=env, cwd=cwd)
+        return run_logged(step, cmd, log_path, env=env, cwd=cwd, doing=doing)
 
-    def pip(self, step, *args, env=None):
-        return self.run(step, [str(self.python), '-m', 'pip', *args], env=env)
+    def pip(self, step, *args, env=None, doing=None):
+        return self.run(step, [str(self.python), '-m', 'pip', *args], env=env, doing=doing)
 
     def py(self, code, env=None):
         out = subprocess.run([str(self.python), '-c', code], capture_output=True, text=True,
@@ -113,17 +130,38 @@ class Env:
         return out.stdout.strip()
 
 
-def run_logged(step, cmd, log_path, env=None, cwd=None):
-    """Run ``cmd``; stream it to ``log_path``; raise naming the step and log on failure."""
+def run_logged(step, cmd, log_path, env=None, cwd=None, doing=None, heartbeat_s=None):
+    """Run ``cmd``; stream it to ``log_path``; raise naming the step and log on failure.
+
+    While it runs, a line ``<doing>: <elapsed> elapsed`` reaches the console every
+    ``heartbeat_s`` seconds (default ``HEARTBEAT_S``), so a step that takes minutes
+    is not mistaken for a hung one.
+    """
+    doing = doing or f'{step}: running'
+    heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, 'w') as fh:
         fh.write('$ ' + ' '.join(map(str, cmd)) + '\n')
         fh.flush()
-        proc = subprocess.run(list(map(str, cmd)), stdout=fh, stderr=subprocess.STDOUT, env=env,
-                              cwd=cwd)
-    if proc.returncode != 0:
+        started = time.monotonic()
+        proc = subprocess.Popen(list(map(str, cmd)), stdout=fh, stderr=subprocess.STDOUT,
+                                env=env, cwd=cwd)
+        try:
+            while True:
+                try:
+                    returncode = proc.wait(timeout=heartbeat_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    log(f'{doing}: {format_elapsed(time.monotonic() - started)} elapsed '
+                        f'(log: {log_path})')
+        except BaseException:
+            # Ctrl-C or any other way out: the step must not keep running unseen.
+            proc.kill()
+            proc.wait()
+            raise
+    if returncode != 0:
         tail = log_path.read_text(errors='replace').splitlines()[-25:]
-        raise StepFailed(f'step "{step}" failed (exit {proc.returncode}); full log: {log_path}\n'
+        raise StepFailed(f'step "{step}" failed (exit {returncode}); full log: {log_path}\n'
                          + '\n'.join('    ' + line for line in tail))
     return log_path
 
@@ -174,7 +212,7 @@ def requirement_step(env, step, files, order):
     args = ['install', '-c', CONSTRAINTS]
     for f in files:
         args += ['-r', f]
-    env.pip(step, *args, env=pip_env())
+    env.pip(step, *args, env=pip_env(), doing=f'{step}: installing')
     env.clear_stamps_after(step, order)
     env.write_stamp(step, stamp)
 
@@ -203,7 +241,7 @@ def build_mmcv_wheel(env, flavour, target_dir):
         # torch must be importable for mmcv's setup.py, hence no build isolation.
         env.pip('mmcv-download', 'download', '--no-deps', '--no-binary', ':all:',
                 '--no-build-isolation', '-d', tmp / 'sdist', f'mmcv=={MMCV_VERSION}',
-                env=pip_env())
+                env=pip_env(), doing='mmcv: downloading the sdist')
         sdists = list((tmp / 'sdist').glob('mmcv-*.tar.gz'))
         if len(sdists) != 1:
             raise StepFailed(f'step "mmcv-download" found {sdists} instead of one sdist')
@@ -228,7 +266,7 @@ def build_mmcv_wheel(env, flavour, target_dir):
             f'{env.logs}/mmcv-build.log)')
         started = time.time()
         env.pip('mmcv-build', 'wheel', '--no-deps', '--no-build-isolation', '-w', tmp / 'wheel',
-                src, env=build_env)
+                src, env=build_env, doing=f'mmcv: compiling {flavour} ops')
         log(f'mmcv: compiled in {time.time() - started:.0f} s')
         wheel = next((tmp / 'wheel').glob('mmcv-*.whl'))
         target_dir.mkdir(parents=True, exist_ok=True)
@@ -257,7 +295,7 @@ def step_mmcv(env, order):
     # With its dependencies (mmengine, opencv, ...) pinned by the constraints, so that
     # the ops can be checked right away.
     env.pip('mmcv-install', 'install', '--force-reinstall', '-c', CONSTRAINTS, wheels[0],
-            env=pip_env())
+            env=pip_env(), doing='mmcv: installing the wheel')
     env.py('import mmcv.ops, torch; '
            'from mmcv.ops import nms; '
            'nms(torch.rand(4, 4).sort(1)[0], torch.rand(4), 0.5)')

@@ -1,6 +1,8 @@
-"""tools/setup_env.py: failures name their step and log; a second run reuses everything."""
+"""tools/setup_env.py: failures name their step and log, long steps show their elapsed time,
+a second run reuses everything."""
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
@@ -27,6 +29,52 @@ def test_failed_step_names_step_and_log(tmp_path):
     message = str(err.value)
     assert 'step "compile" failed (exit 3)' in message and str(log) in message
     assert 'boom' in message and 'boom' in log.read_text()
+
+
+def test_slow_step_prints_a_heartbeat_with_elapsed_time(tmp_path, capsys):
+    setup_env = load_setup_env()
+    log = tmp_path / 'build.log'
+    setup_env.run_logged('mmcv-build', [sys.executable, '-c', 'import time; time.sleep(2.2)'],
+                         log, doing='mmcv: compiling cpu ops', heartbeat_s=0.4)
+    beats = [line for line in capsys.readouterr().out.splitlines() if 'elapsed' in line]
+    assert len(beats) >= 4
+    assert all('mmcv: compiling cpu ops: ' in line and str(log) in line for line in beats)
+    seconds = [int(re.search(r': (\d+) s elapsed', line).group(1)) for line in beats]
+    assert seconds == sorted(seconds) and seconds[0] == 0 and seconds[-1] >= 1
+
+
+def test_quick_step_prints_no_heartbeat(tmp_path, capsys):
+    setup_env = load_setup_env()
+    setup_env.run_logged('venv', [sys.executable, '-c', 'pass'], tmp_path / 'venv.log',
+                         heartbeat_s=30)
+    assert 'elapsed' not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('seconds, text', [(0, '0 s'), (59.9, '59 s'), (270, '4 min 30 s'),
+                                           (3725, '1 h 02 min')])
+def test_elapsed_time_reads_like_a_clock(seconds, text):
+    assert load_setup_env().format_elapsed(seconds) == text
+
+
+def test_interrupted_step_does_not_keep_running(tmp_path, monkeypatch):
+    setup_env = load_setup_env()
+    started = []
+
+    def interrupt(msg):  # the first heartbeat stands in for a Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(setup_env, 'log', interrupt)
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(setup_env.subprocess, 'Popen', popen)
+    with pytest.raises(KeyboardInterrupt):
+        setup_env.run_logged('slow', [sys.executable, '-c', 'import time; time.sleep(60)'],
+                             tmp_path / 'slow.log', heartbeat_s=0.2)
+    assert started[0].poll() is not None
 
 
 def test_disk_check_stops_before_touching_anything(tmp_path):
