@@ -38,17 +38,23 @@ class RecordLosses(Hook):
         runner.model.backbone.register_forward_pre_hook(
             lambda module, args: self.student_inputs.append(args[0].detach().clone())
             if module.training else None)
+        # The distillation hook (priority NORMAL) has built its teacher by now.
+        distill = [h for h in runner.hooks if type(h).__name__ == 'AttentionDistillHook']
+        if distill:
+            distill[0].teacher.register_forward_pre_hook(
+                lambda module, args: self.teacher_inputs.append(args[0].detach().clone()))
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
         self.losses.append({k: float(v) for k, v in outputs.items()})
-        distill = [h for h in runner.hooks if type(h).__name__ == 'AttentionDistillHook']
-        if distill and hasattr(distill[0], 'last_teacher_input'):
-            self.teacher_inputs.append(distill[0].last_teacher_input.clone())
 
 
-def teacher_cfg(ckpt, attn_type='softmax'):
-    return dict(type='LinearViT', arch=ARCH, attn_type=attn_type, img_size=32, patch_size=8,
-                init_cfg=dict(type='Pretrained', checkpoint=str(ckpt)))
+def teacher_cfg(ckpt, attn_type='softmax', **overrides):
+    """The tiny Softmax teacher; ``ckpt=None``: randomly initialised (shapes may differ)."""
+    cfg = dict(type='LinearViT', arch=ARCH, attn_type=attn_type, img_size=32, patch_size=8)
+    if ckpt is not None:
+        cfg['init_cfg'] = dict(type='Pretrained', checkpoint=str(ckpt))
+    cfg.update(overrides)
+    return cfg
 
 
 def make_cfg(work_dir, mini_data_root, ckpt, attn_type='softmax', student_from_teacher=False,
@@ -156,7 +162,19 @@ def test_resume_rebuilds_the_teacher(tmp_path, mini_data_root, teacher_ckpt):
 def test_teacher_sees_the_mixed_batch(tmp_path, mini_data_root, teacher_ckpt):
     cfg = make_cfg(tmp_path, mini_data_root, teacher_ckpt, attn_type='relu')
     cfg.model.train_cfg = dict(augments=dict(type='Mixup', alpha=0.8))
-    _, recorder = run(cfg)
+    held = []
+
+    class HeldTensors(Hook):
+        priority = 'LOWEST'
+
+        def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            hook = distill_hook(runner)
+            held.extend(name for name, value in vars(hook).items() if torch.is_tensor(value))
+            held.extend(f'recorded {name}' for rec in (hook._student_rec, hook._teacher_rec)
+                        for name in ('outputs', 'maps') if getattr(rec, name))
+
+    _, recorder = run(cfg, extra_hooks=[HeldTensors()])
+    assert not held  # no batch, output or map outlives its iteration
     assert len(recorder.teacher_inputs) == 2
     for student_input, teacher_input, unmixed in zip(
             recorder.student_inputs, recorder.teacher_inputs, recorder.unmixed_inputs):
@@ -229,6 +247,111 @@ def test_bad_configuration_is_refused(teacher_ckpt):
         AttentionDistillHook(teacher=teacher_cfg(teacher_ckpt), target='logits')
     with pytest.raises(TypeError, match='model config dict'):
         AttentionDistillHook(teacher='deit_small.pth')
+
+
+@pytest.mark.parametrize('loss_weight, error, message', [
+    (float('nan'), ValueError, 'finite number >= 0.*nan'),
+    (float('inf'), ValueError, 'finite number >= 0.*inf'),
+    (-1.0, ValueError, 'finite number >= 0.*-1.0'),
+    ('50', TypeError, "must be a number.*'50' of type str"),
+    (None, TypeError, 'must be a number.*None'),
+    (True, TypeError, 'must be a number.*True'),
+])
+def test_loss_weight_must_be_a_finite_non_negative_number(teacher_ckpt, loss_weight, error,
+                                                          message):
+    from linvit_mm.engine import AttentionDistillHook
+    with pytest.raises(error, match=message):
+        AttentionDistillHook(teacher=teacher_cfg(teacher_ckpt), loss_weight=loss_weight)
+
+
+def test_loss_weight_zero_and_integers_are_accepted(teacher_ckpt):
+    from linvit_mm.engine import AttentionDistillHook
+    assert AttentionDistillHook(teacher=teacher_cfg(teacher_ckpt), loss_weight=0).loss_weight == 0
+    assert AttentionDistillHook(teacher=teacher_cfg(teacher_ckpt), loss_weight=50).loss_weight == 50
+
+
+@pytest.mark.parametrize('kwargs, error, message', [
+    (dict(layers=[]), ValueError, r'layers=\[\] selects no block.*leave layers unset'),
+    (dict(layers='01'), TypeError, 'list of block indices'),
+    (dict(layers=[0, 1.0]), TypeError, r'block indices \(ints\), got \[1.0\]'),
+    (dict(stop_iter=-1), ValueError, 'stop_iter must be None .* or an int >= 0.*got -1'),
+    (dict(stop_iter=2.5), ValueError, 'stop_iter must be .*got 2.5'),
+    (dict(stop_iter='2'), ValueError, "stop_iter must be .*got '2'"),
+    (dict(stop_epoch=-3), ValueError, 'stop_epoch must be None .* or an int >= 0.*got -3'),
+    (dict(stop_epoch=True), ValueError, 'stop_epoch must be .*got True'),
+    (dict(patch_tokens_only='yes'), TypeError, 'patch_tokens_only must be None'),
+    (dict(allow_non_softmax_teacher='yes'), TypeError, 'allow_non_softmax_teacher must be'),
+    (dict(student=''), TypeError, 'student must be the path of a module'),
+])
+def test_bad_arguments_are_refused_at_construction(teacher_ckpt, kwargs, error, message):
+    from linvit_mm.engine import AttentionDistillHook
+    with pytest.raises(error, match=message):
+        AttentionDistillHook(teacher=teacher_cfg(teacher_ckpt), **kwargs)
+
+
+class CountIterations(Hook):
+    priority = 'LOWEST'
+
+    def __init__(self):
+        self.count = 0
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.count += 1
+
+
+@pytest.mark.parametrize('attn_type, teacher, hook_kwargs, message', [
+    ('relu', dict(arch=dict(ARCH, embed_dims=64, feedforward_channels=128)), {},
+     r"teacher's width \(embed_dims\) differs.*block 0: 32 vs 64; block 1: 32 vs 64"),
+    ('relu', dict(arch=dict(ARCH, num_heads=4)), dict(layers=[1]),
+     r"teacher's head count \(num_heads\) differs.*\(student vs teacher: block 1: 2 vs 4\)"),
+    ('relu', dict(patch_size=16), {},
+     r'teacher cuts \(16, 16\) patches, the student \(8, 8\).*patch_size'),
+    ('relu', dict(attn_type='relu'), {},
+     r"teacher's attention is \['relu'\], not Softmax.*allow_non_softmax_teacher=True"),
+    ('relu', dict(attn_type='ttt'), dict(target='map', allow_non_softmax_teacher=True),
+     r"target='map' needs attention maps, which the \['ttt'\] operator\(s\) of the teacher"),
+    ('relu', dict(arch=dict(ARCH, num_layers=3)), {},
+     'teacher has 3 attention blocks, the student 2'),
+    ('mhla', {}, dict(layers=[2]), r'layers \[2\] are outside the 2 blocks'),
+])
+def test_teacher_that_does_not_fit_is_refused_before_iteration_one(
+        tmp_path, mini_data_root, attn_type, teacher, hook_kwargs, message):
+    cfg = make_cfg(tmp_path, mini_data_root, None, attn_type=attn_type, max_iters=1,
+                   teacher=teacher_cfg(None, **teacher), **hook_kwargs)
+    iterations = CountIterations()
+    with pytest.raises(ValueError, match=message):
+        run(cfg, extra_hooks=[iterations])
+    assert iterations.count == 0
+    assert not list(tmp_path.glob('*.pth'))
+
+
+def test_every_mismatch_is_named_in_one_error(tmp_path, mini_data_root):
+    teacher = teacher_cfg(None, attn_type='elu', patch_size=16,
+                          arch=dict(ARCH, embed_dims=64, num_heads=4, feedforward_channels=128))
+    cfg = make_cfg(tmp_path, mini_data_root, None, max_iters=1, teacher=teacher)
+    with pytest.raises(ValueError) as error:
+        run(cfg)
+    assert all(part in str(error.value) for part in (
+        'not Softmax', 'width (embed_dims)', 'head count (num_heads)', 'patch_size'))
+
+
+def test_non_softmax_teacher_when_allowed_trains_and_warns(tmp_path, mini_data_root,
+                                                          teacher_ckpt):
+    cfg = make_cfg(tmp_path, mini_data_root, None, attn_type='relu', max_iters=1,
+                   teacher=teacher_cfg(teacher_ckpt, attn_type='elu'),
+                   allow_non_softmax_teacher=True)
+    _, recorder = run(cfg)
+    assert recorder.losses[0]['loss_distill'] > 0
+    log = next(tmp_path.glob('*/*.log')).read_text()
+    assert re.search(r"WARNING - AttentionDistillHook: distilling from a non-Softmax teacher "
+                     r"\(\['elu'\] attention\), allowed by allow_non_softmax_teacher=True", log)
+
+
+def test_softmax_teacher_logs_no_warning(tmp_path, mini_data_root, teacher_ckpt):
+    cfg = make_cfg(tmp_path, mini_data_root, teacher_ckpt, attn_type='relu', max_iters=1,
+                   allow_non_softmax_teacher=True)
+    run(cfg)
+    assert 'non-Softmax teacher' not in next(tmp_path.glob('*/*.log')).read_text()
 
 
 def test_dist_train_with_the_hook_logs_loss_distill(tmp_path, mini_data_root, teacher_ckpt):

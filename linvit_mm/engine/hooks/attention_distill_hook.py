@@ -1,4 +1,6 @@
-"""Attention-output distillation from a frozen Softmax teacher (paper §3.2, DESIGN.md §4)."""
+"""Attention-output distillation from a frozen Softmax teacher (paper §3.2)."""
+import math
+import numbers
 import weakref
 
 import torch
@@ -6,8 +8,9 @@ import torch.nn.functional as F
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS, DefaultScope
+from mmengine.utils import to_2tuple
 
-from linvit_mm.models.attention import BaseAttention
+from linvit_mm.models.attention import BaseAttention, attention_class
 
 
 class _Recorder:
@@ -62,6 +65,19 @@ def _attention_modules(model):
     return [m for m in model.modules() if isinstance(m, BaseAttention)]
 
 
+def _patch_size(model):
+    """The patch size of the first (outermost) module of ``model`` that declares one."""
+    for module in model.modules():
+        size = getattr(module, 'patch_size', None)
+        if size is not None:
+            return to_2tuple(size)
+    return None
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def align_tokens(student, teacher, num_patches, patch_only, is_map=False):
     """Make student and teacher tokens comparable.
 
@@ -83,8 +99,9 @@ class AttentionDistillHook(Hook):
 
     The teacher is built from its own config (and checkpoint, through its
     ``init_cfg``) in ``before_train``, on the student's device, frozen and in eval
-    mode. It is held by this hook, not by the model, so it is never trained, never
-    in the optimizer, a checkpoint, an EMA copy or the student's ``state_dict``, and
+    mode. It is held by this hook (``hook.teacher``, between ``before_train`` and
+    ``after_train``), not by the model, so it is never trained, never in the
+    optimizer, a checkpoint, an EMA copy or the student's ``state_dict``, and
     ``--resume`` rebuilds it from the config.
 
     Every training forward, a pre-forward hook on the student module (``student``,
@@ -96,42 +113,92 @@ class AttentionDistillHook(Hook):
     summed by ``parse_losses`` and logged (a model entry named plain ``loss`` is
     logged as ``loss_task`` so that ``loss`` stays the total).
 
+    A set-up that cannot distil is refused before the first iteration: the
+    arguments when the hook is built, the student/teacher pairing in
+    ``before_train`` (block count, width, heads and patch size of the distilled
+    blocks; maps on both sides for ``target='map'``; a Softmax teacher).
+
     Args:
         teacher (dict): model config of the teacher (a ``LinearViT`` with
             ``attn_type='softmax'`` and an ``init_cfg`` that loads its weights).
-        loss_weight (float): lambda. Defaults to 50 (the paper).
+        loss_weight (float): lambda, a finite number >= 0. Defaults to 50 (the paper).
         target (str): ``'output'`` matches attention outputs (the paper's choice);
-            ``'map'`` matches attention maps (ablation; needs an operator with a map).
-        layers (Sequence[int], optional): block indices to match; all by default.
+            ``'map'`` matches attention maps (ablation; student and teacher operators
+            both need a map).
+        layers (Sequence[int], optional): block indices to match (negative ones count
+            from the end); all by default. An empty list is refused.
         patch_tokens_only (bool, optional): compare patch tokens only. Forced on
             when the student has no class token (mhla, ttt).
         stop_epoch / stop_iter (int, optional): switch distillation off from this
             epoch / iteration on (0-based, as ``runner.epoch`` / ``runner.iter``).
         student (str): path of the student module inside the model.
+        allow_non_softmax_teacher (bool): distil from a teacher whose attention is not
+            Softmax (e.g. a trained linear ViT). Refused unless set; when set and used,
+            the run's log says so at WARNING level. Defaults to False.
     """
 
     priority = 'NORMAL'
     TARGETS = ('output', 'map')
 
     def __init__(self, teacher, loss_weight=50.0, target='output', layers=None,
-                 patch_tokens_only=None, stop_epoch=None, stop_iter=None, student='backbone'):
+                 patch_tokens_only=None, stop_epoch=None, stop_iter=None, student='backbone',
+                 allow_non_softmax_teacher=False):
         if target not in self.TARGETS:
             raise ValueError(f'unknown distillation target {target!r}; choose from '
                              f'{self.TARGETS}')
         if not isinstance(teacher, dict) or 'type' not in teacher:
             raise TypeError(f'teacher must be a model config dict with a type, got {teacher!r}')
         self.teacher_cfg = teacher
-        self.loss_weight = float(loss_weight)
+        self.loss_weight = self._check_loss_weight(loss_weight)
         self.target = target
-        self.layers = None if layers is None else list(layers)
+        self.layers = self._check_layers(layers)
+        if patch_tokens_only not in (None, True, False):
+            raise TypeError(f'patch_tokens_only must be None (automatic), True or False, got '
+                            f'{patch_tokens_only!r}')
         self.patch_tokens_only = patch_tokens_only
+        for name, value in (('stop_epoch', stop_epoch), ('stop_iter', stop_iter)):
+            if value is not None and not (_is_int(value) and value >= 0):
+                raise ValueError(f'{name} must be None (never stop) or an int >= 0 (0-based, '
+                                 f'distillation is off from that {name[5:]} on), got {value!r}')
         self.stop_epoch = stop_epoch
         self.stop_iter = stop_iter
+        if not isinstance(student, str) or not student:
+            raise TypeError(f'student must be the path of a module of the model (e.g. '
+                            f"'backbone'), got {student!r}")
         self.student_path = student
+        if not isinstance(allow_non_softmax_teacher, bool):
+            raise TypeError(f'allow_non_softmax_teacher must be True or False, got '
+                            f'{allow_non_softmax_teacher!r}')
+        self.allow_non_softmax_teacher = allow_non_softmax_teacher
         self.teacher = None
         self._handles = []
         self._student_rec = self._teacher_rec = None
         self._enabled = False
+
+    @staticmethod
+    def _check_loss_weight(loss_weight):
+        if not isinstance(loss_weight, numbers.Real) or isinstance(loss_weight, bool):
+            raise TypeError(f'loss_weight must be a number (lambda, 50 in the paper), got '
+                            f'{loss_weight!r} of type {type(loss_weight).__name__}')
+        if not (math.isfinite(loss_weight) and loss_weight >= 0):
+            raise ValueError(f'loss_weight must be a finite number >= 0 (lambda, 50 in the '
+                             f'paper; 0 switches the distillation loss off), got {loss_weight!r}')
+        return float(loss_weight)
+
+    @staticmethod
+    def _check_layers(layers):
+        if layers is None:
+            return None
+        if isinstance(layers, (str, bytes)) or not hasattr(layers, '__iter__'):
+            raise TypeError(f'layers must be a list of block indices, got {layers!r}')
+        layers = list(layers)
+        if not layers:
+            raise ValueError('layers=[] selects no block to distil; list the block indices, or '
+                             'leave layers unset (None) to distil every block')
+        bad = [i for i in layers if not _is_int(i)]
+        if bad:
+            raise TypeError(f'layers must be block indices (ints), got {bad} in {layers}')
+        return layers
 
     # ------------------------------------------------------------------ setup
     @staticmethod
@@ -163,18 +230,21 @@ class AttentionDistillHook(Hook):
             mapless = sorted({m.attn_type for m in student_attn if not m.has_map})
             if mapless:
                 raise ValueError(f"target='map' needs attention maps, which the {mapless} "
-                                 f"operator(s) do not have; use target='output'")
+                                 f"operator(s) of the student do not have; use "
+                                 f"target='output'")
+        num_blocks = len(student_attn)
+        layer_ids = self.layers if self.layers is not None else list(range(num_blocks))
+        bad = [i for i in layer_ids if not -num_blocks <= i < num_blocks]
+        if bad:
+            raise ValueError(f'layers {bad} are outside the {num_blocks} blocks of the student; '
+                             f'use indices in [{-num_blocks}, {num_blocks - 1}]')
+        layer_ids = sorted({i % num_blocks for i in layer_ids})
+
         device = next(student.parameters()).device
         self.teacher = self.build_teacher(device)
         teacher_attn = _attention_modules(self.teacher)
-        if len(teacher_attn) != len(student_attn):
-            raise ValueError(f'teacher has {len(teacher_attn)} attention blocks, the student '
-                             f'{len(student_attn)}; they must match block for block')
-        layer_ids = self.layers if self.layers is not None else list(range(len(student_attn)))
-        bad = [i for i in layer_ids if not -len(student_attn) <= i < len(student_attn)]
-        if bad:
-            raise ValueError(f'layers {bad} are outside the {len(student_attn)} blocks')
-        layer_ids = sorted({i % len(student_attn) for i in layer_ids})
+        self._check_teacher(runner, student, student_attn, teacher_attn, layer_ids)
+
         if self.patch_tokens_only is None:
             self.patch_tokens_only = False
         if not getattr(student, 'with_cls_token', True):
@@ -191,6 +261,46 @@ class AttentionDistillHook(Hook):
             f'AttentionDistillHook: {self.target} distillation of blocks {layer_ids} from a '
             f'frozen {type(self.teacher).__name__} teacher, loss_weight={self.loss_weight}, '
             f'patch_tokens_only={self.patch_tokens_only}')
+
+    def _check_teacher(self, runner, student, student_attn, teacher_attn, layer_ids):
+        """Refuse a teacher that cannot be matched with the student, naming every mismatch."""
+        if len(teacher_attn) != len(student_attn):
+            raise ValueError(f'teacher has {len(teacher_attn)} attention blocks, the student '
+                             f'{len(student_attn)}; they must match block for block (build the '
+                             f"teacher with the student's arch)")
+        problems = []
+        softmax = attention_class('softmax')
+        non_softmax = sorted({m.attn_type for m in teacher_attn if not isinstance(m, softmax)})
+        if non_softmax and not self.allow_non_softmax_teacher:
+            problems.append(f"the teacher's attention is {non_softmax}, not Softmax: set the "
+                            f"teacher's attn_type='softmax', or allow_non_softmax_teacher=True "
+                            f'to distil from it deliberately')
+        if self.target == 'map':
+            mapless = sorted({m.attn_type for m in teacher_attn if not m.has_map})
+            if mapless:
+                problems.append(f"target='map' needs attention maps, which the {mapless} "
+                                f"operator(s) of the teacher do not have; use target='output' or "
+                                f'a teacher whose operator has a map')
+        for trait, what in (('embed_dims', 'width'), ('num_heads', 'head count')):
+            differ = [f'block {i}: {getattr(student_attn[i], trait)} vs '
+                      f'{getattr(teacher_attn[i], trait)}' for i in layer_ids
+                      if getattr(student_attn[i], trait) != getattr(teacher_attn[i], trait)]
+            if differ:
+                problems.append(f"the teacher's {what} ({trait}) differs from the student's "
+                                f"(student vs teacher: {'; '.join(differ)}); build the teacher "
+                                f"with the student's arch")
+        student_patch, teacher_patch = _patch_size(student), _patch_size(self.teacher)
+        if None not in (student_patch, teacher_patch) and student_patch != teacher_patch:
+            problems.append(f'the teacher cuts {teacher_patch} patches, the student '
+                            f'{student_patch}, so their tokens do not correspond; set the '
+                            f"teacher's patch_size to the student's")
+        if problems:
+            raise ValueError('AttentionDistillHook: the teacher does not fit the student:\n  - '
+                             + '\n  - '.join(problems))
+        if non_softmax:
+            runner.logger.warning(
+                f"AttentionDistillHook: distilling from a non-Softmax teacher ({non_softmax} "
+                f'attention), allowed by allow_non_softmax_teacher=True')
 
     # ------------------------------------------------------------------ per iteration
     def _distilling(self, runner):
@@ -216,12 +326,10 @@ class AttentionDistillHook(Hook):
     def _run_teacher(self, student, args):
         if not (self._enabled and student.training):
             return
-        inputs = args[0]
-        self.last_teacher_input = inputs.detach()
         self._student_rec.start()
         self._teacher_rec.start()
         with torch.no_grad():
-            self.teacher(inputs)
+            self.teacher(args[0])
         self._teacher_rec.stop()
 
     def _add_loss(self, model, args, kwargs, output):
