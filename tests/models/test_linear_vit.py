@@ -7,8 +7,8 @@ from linvit_mm.models.backbones.linear_vit import sincos_pos_embed
 from linvit_mm.testing import assert_rel_close
 
 TINY = dict(embed_dims=64, num_layers=3, num_heads=2, feedforward_channels=128)
-OPERATORS = ['softmax', 'elu', 'relu', 'inline', 'mhla', 'ttt']
-CLS_OPERATORS = ['softmax', 'elu', 'relu', 'inline']
+OPERATORS = ['softmax', 'elu', 'relu', 'inline', 'hedgehog', 'mhla', 'ttt']
+CLS_OPERATORS = ['softmax', 'elu', 'relu', 'inline', 'hedgehog']
 
 
 def tiny_vit(attn_type, **kwargs):

@@ -1,0 +1,184 @@
+"""Hedgehog attention (Zhang, Bhatia, Kumbong & Re, ICLR 2024, "The Hedgehog & the Porcupine:
+Expressive Linear Attentions with Softmax Mimicry"): linear attention with a learned feature
+map.
+
+Each head has one learned ``d x d`` matrix ``W``, shared by its queries and keys and the
+identity at initialisation, and ``2d`` features
+
+    phi(x) = [exp(x W), exp(-x W)]                  feature_map='exp' (Hedgehog)
+    phi(x) = [softmax(x W), softmax(-x W)]          feature_map='softmax' (LoLCATs)
+
+(LoLCATs: Zhang et al. 2024, arXiv 2410.10254; each softmax runs over the ``d`` features of
+its half). The output is the normalised linear form
+
+    out_i = phi(q_i)^T S / phi(q_i)^T z,   S = sum_j phi(k_j) v_j^T,   z = sum_j phi(k_j),
+
+in O(N d^2); the map ``A_ij = phi(q_i)^T phi(k_j) / sum_l phi(q_i)^T phi(k_l)`` is its O(N^2)
+oracle and the target of Hedgehog's attention-weight distillation (train ``W`` so that ``A``
+follows the Softmax teacher's map: ``AttentionDistillHook(target='map')``).
+"""
+import torch
+from torch import nn
+
+from .base import WHOLE, float32_state, register_attention
+from .map_attention import LinearMapAttention
+
+FEATURE_MAPS = ('softmax', 'exp')
+
+
+@register_attention('hedgehog')
+class HedgehogAttention(LinearMapAttention):
+    """Hedgehog linear attention with a per-head learned feature map ``phi``.
+
+    ``qkv`` and ``proj`` have a Softmax block's shapes, so a Softmax checkpoint copies into
+    them as is; ``feature_proj`` (``heads x d x d``, the ``W`` of every head) is
+    operator-specific and keeps its identity initialisation through a transfer. Queries and
+    keys are not scaled by ``d^-1/2``: a scaled identity ``W`` is a temperature, which
+    training learns, and neither feature map is homogeneous, so a fixed scale would be an
+    arbitrary choice of starting point.
+
+    **How it is computed.** Write ``L(x)`` for the log-features (``[xW, -xW]``, or the
+    log-softmax of each half), so ``phi = exp(L)`` and, with
+    ``K_m = log sum_j exp(L(k_j)_m)`` (per image, head and feature),
+
+        A_ij = sum_m softmax_m(L(q_i) + K)_m * softmax_j(L(k_j)_m):
+
+    the map is the product of a softmax over the ``2d`` features of each query and a
+    softmax over the tokens of each key feature (both normalisers of the plain formula
+    are inside them). The fast form is ``out = softmax_m(L(Q) + K) (softmax_j(L(K))^T V)``;
+    its ``2d x d`` state is a convex combination of values per feature and every output
+    row a convex combination of those, so there is no normaliser to divide by, no ``eps``
+    and no ``0 / 0``, and no exponential overflows, whatever the scale of the inputs. The
+    keys' softmax is taken as ``exp(L - c)`` with ``c`` the per-feature maximum over the
+    tokens, its column sums ``z`` (``>= 1``) come from the same product as the state (a
+    ones column on the values) and give ``K = c + log z``. ``c`` is computed without
+    gradient: ``K`` and the output do not depend on it, so the gradient that treats it as
+    a constant is exact. ``forward_reference`` forms the map the other way round, from
+    ``phi'(q_i)_m = exp(L(q_i)_m + c_m - r_i)`` (``r_i`` the row maximum) and
+    ``phi'(k_j)_m = exp(L(k_j)_m - c_m)``, scores ``phi'(q_i)^T phi'(k_j)`` (``exp(-r_i)``
+    times the plain ones) divided by their row sums (each at least 1).
+
+    Under autocast, ``W``, the features, the ``2d x d`` key-value state, the key sums and
+    the read-out run in float32 with autocast disabled (sums over N tokens lose mass in
+    bf16 and overflow fp16); the result returns to the dtype of the projections' output
+    before ``proj``.
+
+    Args:
+        feature_map (str): ``'softmax'`` (default) or ``'exp'``. Both are finite in float32
+            for any input (see above); they differ in what a score responds to.
+            ``'softmax'`` normalises each half per token, so every token carries the same
+            feature mass, scores ``phi(q)^T phi(k)`` lie in ``(0, 2]`` and the map is
+            invariant to an offset of ``x W``; at ``W = I`` a score is the overlap of two
+            distributions over coordinates, largest where ``q`` and ``k`` peak together, like
+            the ``q^T k`` of the Softmax layer whose weights a transfer copies. ``'exp'``
+            scores ``sum_m 2 cosh(a_m + b_m)`` (``a = qW``, ``b = kW``) grow exponentially
+            with the entries, so at ``W = I`` on a Softmax checkpoint's unscaled queries and
+            keys (entries of several units) a few keys with large entries dominate every row
+            of a head, whatever the query, and span a range no float32 (``e^{+-88}``) holds:
+            the output stays finite, but the weakest keys underflow to zero weight, and
+            their gradients with them. Distilling ``W`` from such a start is what LoLCATs
+            avoids with the softmax form; ``'exp'`` is Hedgehog's original map, kept for
+            comparison.
+        **base_switches: the switches every operator takes (``BaseAttention``); RoPE is
+            refused.
+    """
+
+    has_map = True
+    uses_cls_token = True
+    # Each head still scores token pairs from its own qkv rows, q_i = W_q x_i, k_j = W_k x_j;
+    # the feature map acts on top of them (with W folded in, on W^T W_q x and W^T W_k x),
+    # as elu / relu do. Hedgehog trains W so that phi(q)^T phi(k) mimics the Softmax
+    # scores exp(q^T k / sqrt(d)) of the same q, k, so the structure Mimetic / Impulse put
+    # into W_q^T W_k is what the learned feature map reproduces.
+    has_qk_form = True
+    qk_form_absent_because = None
+    # qkv and proj are a Softmax block's layers; feature_proj keeps its identity init.
+    softmax_fill = {'qkv': WHOLE, 'proj': WHOLE}
+    # Of the MAC bound: 2d features cost pointwise passes over N x 2d per head (the key
+    # shift and exponential, the query softmax, the log-softmax of the 'softmax' map) that
+    # the MAC count does not see.
+    bound_fraction_target = .80
+
+    def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
+                 feature_map='softmax', **base_switches):
+        if base_switches.get('rope') is not None:
+            # The fast form scales each key feature by exp(-K_m) and its queries by exp(K_m);
+            # that commutes with a rotation of feature pairs only if both features of a pair
+            # share the scale, which needs its own derivation (and oracle) first.
+            raise ValueError(f'rope={base_switches["rope"]!r}: the hedgehog operator does not '
+                             f'carry RoPE (its per-feature key scaling does not commute with '
+                             f'rotated feature pairs); use rope=None')
+        super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                         proj_drop=proj_drop, **base_switches)
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(f'unknown feature_map {feature_map!r}; valid feature maps are: '
+                             f'{", ".join(FEATURE_MAPS)}')
+        self.feature_map = feature_map
+        self.feature_proj = nn.Parameter(torch.empty(num_heads, self.head_dims, self.head_dims))
+        self.reset_feature_proj()
+
+    def reset_feature_proj(self):
+        """``W = I`` for every head (Hedgehog's and LoLCATs' initialisation)."""
+        with torch.no_grad():
+            self.feature_proj.copy_(torch.eye(self.head_dims).expand_as(self.feature_proj))
+
+    def signed_proj(self, dtype):
+        """``[W, -W]``, ``(heads, d, 2d)``: one product gives both halves of ``L(x)``."""
+        weight, = float32_state(self.feature_proj)
+        weight = weight.to(dtype)
+        return torch.cat([weight, -weight], dim=-1)
+
+    def log_features(self, x, signed_proj):
+        """``L(x)``, ``(B, heads, N, 2d)``, of ``(B, heads, N, d)`` heads, in their dtype."""
+        signed = x @ signed_proj
+        if self.feature_map == 'softmax':
+            signed = signed.unflatten(-1, (2, self.head_dims)).log_softmax(dim=-1).flatten(-2)
+        return signed
+
+    def _key_features(self, log_k):
+        """``exp(L(k) - c)`` and ``c`` (per-feature maximum over the tokens, no gradient)."""
+        with torch.no_grad():
+            key_max = log_k.amax(dim=-2, keepdim=True)
+        # In place where autograd allows: the product's output is not saved for its
+        # backward, log_softmax's is.
+        shifted = log_k.sub_(key_max) if self.feature_map == 'exp' else log_k - key_max
+        return shifted.exp_(), key_max
+
+    def _linear(self, q, k, v, rotation=None):
+        out_dtype = v.dtype
+        with torch.autocast(device_type=v.device.type, enabled=False):
+            q, k, v = float32_state(q, k, v)
+            signed_proj = self.signed_proj(q.dtype)
+            phi_k, key_max = self._key_features(self.log_features(k, signed_proj))
+            # A ones column on the values carries the key sums z through the same product.
+            ones = torch.ones_like(v[..., :1])
+            state = phi_k.transpose(-2, -1) @ torch.cat([v, ones], dim=-1)   # (B, h, 2d, d+1)
+            key_sum = state[..., -1:]                                         # z >= 1
+            kv_state = state[..., :-1] / key_sum                  # softmax_j(L(K))^T V
+            log_key_mass = key_max + key_sum.log().transpose(-2, -1)          # K, (B, h, 1, 2d)
+            query_weights = (self.log_features(q, signed_proj) + log_key_mass).softmax(dim=-1)
+            out = query_weights @ kv_state
+        return out.to(out_dtype)
+
+    def _map(self, q, k, rotation=None):
+        """Row-normalised ``phi'(q) phi'(k)^T`` in float32 (class docstring)."""
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            q, k = float32_state(q, k)
+            signed_proj = self.signed_proj(q.dtype)
+            phi_k, key_max = self._key_features(self.log_features(k, signed_proj))
+            log_q = self.log_features(q, signed_proj) + key_max
+            with torch.no_grad():
+                row_max = log_q.amax(dim=-1, keepdim=True)
+            scores = (log_q - row_max).exp() @ phi_k.transpose(-2, -1)
+            return scores / scores.sum(dim=-1, keepdim=True)
+
+    def core_macs(self, num_tokens, hw_shape):
+        # x W for queries and keys (N d^2 per head each; -x W is a sign, although the fast
+        # form multiplies by [W, -W], a cheaper way to both halves than negating a copy);
+        # the 2d x d state and its read (2 N d^2 per head each); the key sums over the 2d
+        # features (2 N d per head). No normaliser is read: the query weights sum to 1.
+        C, d = self.embed_dims, self.head_dims
+        return 2 * num_tokens * C * d + 4 * num_tokens * C * d + 2 * num_tokens * C
+
+    def extra_repr(self):
+        return f'{super().extra_repr()}, feature_map={self.feature_map!r}'

@@ -1,0 +1,446 @@
+"""Hedgehog attention: fast form against its O(N^2) map and against the plain formula (no
+stabiliser), the stabiliser under inputs that overflow the plain exp, float32 states under
+autocast, the traits the transfer and the distillation hook read."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+from mmengine.logging import MMLogger
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from linvit_mm.engine import AttentionDistillHook
+from linvit_mm.models import LinearViT
+from linvit_mm.models.attention import (WHOLE, HedgehogAttention, attention_class,
+                                        build_attention)
+from linvit_mm.testing import assert_rel_close, rel_error
+from linvit_mm.transfer import transfer_softmax_weights
+
+FEATURE_MAPS = ['softmax', 'exp']
+GRIDS = [(6, 6), (4, 7), (5, 3)]
+EMBED_DIMS, NUM_HEADS = 24, 3
+HEAD_DIMS = EMBED_DIMS // NUM_HEADS
+TINY_ARCH = dict(embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=64)
+
+
+def grid_id(hw):
+    return f'{hw[0]}x{hw[1]}'
+
+
+def make(feature_map, dtype=torch.float64, perturb=0.3, seed=0, **kwargs):
+    """A hedgehog operator; ``perturb`` moves every head's W off the identity (gradients
+    at W = I would test a special point)."""
+    torch.manual_seed(seed)
+    kwargs.setdefault('embed_dims', EMBED_DIMS)
+    kwargs.setdefault('num_heads', NUM_HEADS)
+    module = build_attention('hedgehog', feature_map=feature_map, **kwargs).to(dtype)
+    with torch.no_grad():
+        d = module.head_dims
+        module.feature_proj.add_(perturb * torch.randn_like(module.feature_proj) / d**.5)
+    return module
+
+
+def tokens(hw, num_extra, batch=2, dtype=torch.float64, scale=1., seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, num_extra + hw[0] * hw[1], EMBED_DIMS, generator=generator,
+                    dtype=torch.float64)
+    return (x * scale).to(dtype)
+
+
+def output_and_grads(module, fn, x):
+    """``fn(x)`` and, for a fixed upstream gradient, the gradients of ``x`` and of every
+    parameter of ``module``."""
+    module.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(True)
+    out = fn(x)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(7),
+                           dtype=torch.float64).to(out.dtype)
+    out.backward(upstream)
+    grads = {'x': x.grad}
+    grads.update({name: param.grad for name, param in module.named_parameters()})
+    assert all(grad is not None for grad in grads.values())
+    return out.detach(), grads
+
+
+def assert_same(actual, expected, tol, what):
+    out, grads = actual
+    ref, ref_grads = expected
+    assert_rel_close(out, ref, tol, f'{what}: output')
+    assert grads.keys() == ref_grads.keys()
+    for name in grads:
+        assert_rel_close(grads[name], ref_grads[name], tol, f'{what}: grad of {name}')
+
+
+# ------------------------------------------------------------------ oracles written out here
+def heads(module, x):
+    """q, k, v as ``(B, heads, N, d)``, reshaped here rather than by the module."""
+    B, N, C = x.shape
+    qkv = module.qkv(x).reshape(B, N, 3, module.num_heads, module.head_dims)
+    return qkv.permute(2, 0, 3, 1, 4)
+
+
+def plain_log_features(module, t):
+    projected = torch.einsum('bhnd,hde->bhne', t, module.feature_proj)
+    if module.feature_map == 'exp':
+        return torch.cat([projected, -projected], dim=-1)
+    return torch.cat([projected.log_softmax(-1), (-projected).log_softmax(-1)], dim=-1)
+
+
+def plain_phi(module, t):
+    """The textbook feature map, no shift of any kind."""
+    projected = torch.einsum('bhnd,hde->bhne', t, module.feature_proj)
+    if module.feature_map == 'exp':
+        return torch.cat([projected.exp(), (-projected).exp()], dim=-1)
+    return torch.cat([projected.softmax(-1), (-projected).softmax(-1)], dim=-1)
+
+
+def plain_attention(module, x):
+    """Output and map of ``A_ij = phi(q_i)^T phi(k_j) / sum_l phi(q_i)^T phi(k_l)``."""
+    q, k, v = heads(module, x)
+    scores = plain_phi(module, q) @ plain_phi(module, k).transpose(-2, -1)
+    attn = scores / scores.sum(dim=-1, keepdim=True)
+    B, N, C = x.shape
+    return module.proj((attn @ v).transpose(1, 2).reshape(B, N, C)), attn
+
+
+def log_space_map(module, q, k):
+    """The map from log-scores ``log sum_m exp(L(q_i)_m + L(k_j)_m)``: exact for any scale
+    (O(N^2 d) memory, small inputs only)."""
+    log_q, log_k = plain_log_features(module, q), plain_log_features(module, k)
+    log_scores = torch.logsumexp(log_q.unsqueeze(-2) + log_k.unsqueeze(-3), dim=-1)
+    return log_scores.softmax(dim=-1)
+
+
+# ------------------------------------------------------------------ fast form vs map form
+@pytest.mark.parametrize('hw', GRIDS, ids=grid_id)
+@pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+def test_fast_form_matches_map_form(feature_map, num_extra, hw):
+    module = make(feature_map)
+    x = tokens(hw, num_extra, scale=2.)
+    fast = output_and_grads(module, lambda t: module(t, hw), x)
+    assert fast[0].shape == x.shape
+    assert set(fast[1]) == {'x', 'qkv.weight', 'qkv.bias', 'proj.weight', 'proj.bias',
+                            'feature_proj'}
+    reference = output_and_grads(module, lambda t: module.forward_reference(t, hw), x)
+    assert_same(fast, reference, 1e-10, 'fast vs map form')
+
+
+@pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+def test_stabiliser_cancels(feature_map, num_extra):
+    """Both forms equal the plain formula, outputs and every gradient (W's included), at
+    inputs whose shifts are far from zero: a shift that did not cancel would show."""
+    hw = (4, 7)
+    module = make(feature_map)
+    x = tokens(hw, num_extra, scale={'exp': 12., 'softmax': 40.}[feature_map])
+    with torch.no_grad():
+        q, k, _ = heads(module, x)
+        key_shift = plain_log_features(module, k).amax(dim=-2, keepdim=True)
+        query_shift = (plain_log_features(module, q) + key_shift).amax(dim=-1)
+    # exp: every query's shift is beyond e^5 (the plain features reach e^20 and more);
+    # softmax: some feature is below e^-5 for all keys of its head.
+    assert key_shift.abs().max() > 5
+    if feature_map == 'exp':
+        assert query_shift.abs().min() > 5
+
+    plain = output_and_grads(module, lambda t: plain_attention(module, t)[0], x)
+    assert_same(output_and_grads(module, lambda t: module(t, hw), x), plain, 1e-10,
+                'fast form vs plain formula')
+    assert_same(output_and_grads(module, lambda t: module.forward_reference(t, hw), x), plain,
+                1e-10, 'map form vs plain formula')
+    with torch.no_grad():
+        assert_rel_close(module.attention_map(x, hw), plain_attention(module, x)[1], 1e-10,
+                         'map vs plain map')
+
+
+@pytest.mark.parametrize('hw', [(6, 6), (4, 7)], ids=grid_id)
+@pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+def test_map_rows_sum_to_one_and_reproduce_output(feature_map, num_extra, hw):
+    module = make(feature_map)
+    x = tokens(hw, num_extra, scale=2.)
+    n = x.shape[1]
+    with torch.no_grad():
+        fast = module(x, hw)
+        attn = module.attention_map(x, hw)
+        _, _, v = heads(module, x)
+        from_map = module.proj((attn @ v).transpose(1, 2).reshape(x.shape))
+    assert attn.shape == (x.shape[0], NUM_HEADS, n, n)
+    assert attn.min() > 0  # every feature is positive: no key is ever switched off
+    assert_rel_close(attn.sum(dim=-1), torch.ones(x.shape[0], NUM_HEADS, n, dtype=attn.dtype),
+                     1e-13, 'row sums')
+    assert_rel_close(from_map, fast, 1e-10, 'proj(merge(map @ V)) vs fast output')
+
+
+# ------------------------------------------------------------------ initialisation
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+def test_feature_proj_starts_at_the_identity(feature_map):
+    module = build_attention('hedgehog', embed_dims=EMBED_DIMS, num_heads=NUM_HEADS,
+                             feature_map=feature_map).double()
+    eye = torch.eye(HEAD_DIMS, dtype=torch.float64)
+    assert module.feature_proj.shape == (NUM_HEADS, HEAD_DIMS, HEAD_DIMS)
+    assert all(torch.equal(w, eye) for w in module.feature_proj)
+    # At W = I the map is the fixed one of the feature map, from q and k alone.
+    x = tokens((3, 5), 1)
+    with torch.no_grad():
+        q, k, _ = heads(module, x)
+        if feature_map == 'exp':
+            phi = lambda t: torch.cat([t.exp(), (-t).exp()], dim=-1)  # noqa: E731
+        else:
+            phi = lambda t: torch.cat([t.softmax(-1), (-t).softmax(-1)], dim=-1)  # noqa: E731
+        scores = phi(q) @ phi(k).transpose(-2, -1)
+        expected = scores / scores.sum(dim=-1, keepdim=True)
+        assert_rel_close(module.attention_map(x, (3, 5)), expected, 1e-12, 'map at W = I')
+        module.feature_proj.mul_(3.)
+        module.reset_feature_proj()
+    assert all(torch.equal(w, eye) for w in module.feature_proj)
+
+
+# ------------------------------------------------------------------ numerics
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+def test_large_inputs_stay_finite_in_float32(feature_map):
+    """Inputs where the plain float32 exp overflows: the output stays finite and equals the
+    float64 plain formula, and the backward pass is finite."""
+    hw = (4, 7)
+    module = make(feature_map, dtype=torch.float32)
+    x = tokens(hw, 1, dtype=torch.float32, scale=60.)
+    with torch.no_grad():
+        q, k, _ = heads(module, x)
+        projected = torch.einsum('bhnd,hde->bhne', q, module.feature_proj)
+        assert torch.isinf(projected.abs().exp()).any(), 'the plain exp does not overflow'
+        if feature_map == 'exp':
+            assert not torch.isfinite(plain_attention(module, x)[0]).all()
+        out = module(x, hw)
+        exact = plain_attention(module.double(), x.double())[0]
+        module.float()
+    assert torch.isfinite(out).all()
+    assert rel_error(out, exact) < 1e-4
+    _, grads = output_and_grads(module, lambda t: module(t, hw), x)
+    assert all(torch.isfinite(grad).all() for grad in grads.values())
+
+
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+def test_misaligned_queries_and_keys_keep_their_map(feature_map):
+    """Every query peaks on features no key has (q = s(e0 - e1), k = s(e2 - e3) + noise): the
+    plain float32 scores underflow to 0 (softmax) or overflow (exp), giving 0/0 rows; both
+    forms keep the exact log-space map."""
+    torch.manual_seed(0)
+    module = build_attention('hedgehog', embed_dims=2 * HEAD_DIMS, num_heads=2,
+                             feature_map=feature_map)
+    n, d, s = 12, HEAD_DIMS, 200.
+    basis = torch.eye(d)
+    q = (s * (basis[0] - basis[1])).expand(1, 2, n, d).clone()
+    k = s * (basis[2] - basis[3]) + 3 * torch.randn(1, 2, n, d)
+    v = torch.randn(1, 2, n, d)
+    with torch.no_grad():
+        plain_scores = plain_phi(module, q) @ plain_phi(module, k).transpose(-2, -1)
+        plain = plain_scores / plain_scores.sum(dim=-1, keepdim=True)
+        assert not torch.isfinite(plain).any()
+        exact = log_space_map(module.double(), q.double(), k.double())
+        module.float()
+        attn = module._map(q, k)
+        out = module._linear(q, k, v)
+    assert torch.isfinite(attn).all() and torch.isfinite(out).all()
+    assert_rel_close(attn, exact, 1e-4, 'map vs log-space map')
+    assert_rel_close(out, exact @ v.double(), 1e-4, 'output vs log-space map @ V')
+
+
+class DtypeRecorder(TorchDispatchMode):
+    """The dtype of every floating tensor an aten op returns, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                self.ops.append((func.overloadpacket.__name__, t.dtype))
+        return out
+
+
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+def test_bf16_autocast_keeps_float32_states(feature_map):
+    module = make(feature_map, dtype=torch.float32)
+    hw = (16, 16)
+    x = tokens(hw, 1, dtype=torch.float32)
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        q, k, v = module.split_heads(module.qkv(x))
+        with DtypeRecorder() as recorder:
+            core = module._linear(q, k, v)
+        out = module(x, hw)
+    assert q.dtype == torch.bfloat16 and core.dtype == out.dtype == torch.bfloat16
+    # Everything between the upcast of q, k, v and the final cast back runs in float32:
+    # W, the features, their shifts, the 2d x d state, the key sums and the read-out.
+    upcasts, body, final = recorder.ops[:3], recorder.ops[3:-1], recorder.ops[-1]
+    assert [dtype for _, dtype in upcasts] == [torch.float32] * 3
+    assert {'bmm', 'exp_', '_softmax', 'div'} <= {name for name, _ in body}
+    assert all(dtype == torch.float32 for _, dtype in body), body
+    assert final == ('_to_copy', torch.bfloat16)
+    with torch.no_grad():
+        exact = module.double()(x.double(), hw)
+    assert torch.isfinite(out).all()
+    # bf16 projections limit the accuracy to a few 1e-3.
+    assert rel_error(out, exact) < 2e-2
+
+
+# ------------------------------------------------------------------ traits and costs
+def test_traits():
+    cls = attention_class('hedgehog')
+    assert cls is HedgehogAttention and cls.attn_type == 'hedgehog'
+    assert cls.has_map and cls.uses_cls_token and cls.has_qk_form
+    assert cls.softmax_fill == {'qkv': WHOLE, 'proj': WHOLE}
+    assert cls.bound_fraction_target == .80
+    assert 'feature_map=\'softmax\'' in repr(build_attention('hedgehog', embed_dims=24,
+                                                             num_heads=3))
+
+
+def test_bad_feature_map_is_refused():
+    with pytest.raises(ValueError, match="unknown feature_map 'relu'.*softmax, exp"):
+        build_attention('hedgehog', embed_dims=24, num_heads=3, feature_map='relu')
+    with pytest.raises(ValueError, match='attn_drop=0.1'):
+        build_attention('hedgehog', embed_dims=24, num_heads=3, attn_drop=.1)
+
+
+class MacCounter(TorchDispatchMode):
+    """Multiply-accumulates of the contractions and token sums an aten op runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.macs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name == 'bmm':
+            (b, n, m), (_, _, p) = args[0].shape, args[1].shape
+            self.macs += b * n * m * p
+        elif name == 'mm':
+            (n, m), (_, p) = args[0].shape, args[1].shape
+            self.macs += n * m * p
+        elif name in ('matmul', 'addmm', 'baddbmm', 'einsum', 'mv', 'dot'):
+            raise AssertionError(f'count {name} too')
+        elif name == 'sum':
+            self.macs += args[0].numel()
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+def test_core_macs_counts_the_fast_form(feature_map):
+    """``core_macs`` = 6 N C d + 2 N C: the fast form's contractions and token sums, but for
+    the -x W half of the features, which it gets from the same product as x W."""
+    module = make(feature_map, dtype=torch.float32)
+    hw, num_extra, batch = (5, 6), 1, 2
+    x = tokens(hw, num_extra, batch=batch, dtype=torch.float32)
+    n, C, d = x.shape[1], EMBED_DIMS, HEAD_DIMS
+    with torch.no_grad():
+        q, k, v = module.split_heads(module.qkv(x))
+        with MacCounter() as counter:
+            module._linear(q, k, v)
+    assert module.core_macs(n, hw) == 6 * n * C * d + 2 * n * C
+    assert counter.macs == batch * (module.core_macs(n, hw) + 2 * n * C * d)
+
+
+# ------------------------------------------------------------------ in the model
+def tiny_vit(attn_type, **kwargs):
+    torch.manual_seed(0)
+    model = LinearViT(arch=TINY_ARCH, attn_type=attn_type, img_size=32, patch_size=8, **kwargs)
+    model.init_weights()
+    return model
+
+
+def identity_heads(layer):
+    return all(torch.equal(w, torch.eye(w.shape[-1])) for w in layer.attn.feature_proj)
+
+
+@pytest.mark.parametrize('setting', ['copy', 'fullcopy'])
+def test_transfer_copies_qkv_and_proj_and_keeps_w_at_identity(setting):
+    teacher = tiny_vit('softmax')
+    student = tiny_vit('hedgehog')
+    checkpoint = {f'backbone.{name}': t for name, t in teacher.state_dict().items()}
+    report = transfer_softmax_weights(student, checkpoint, setting=setting)
+    for index, (layer, teacher_layer) in enumerate(zip(student.layers, teacher.layers)):
+        assert identity_heads(layer)
+        name = f'layers.{index}.attn.feature_proj'
+        assert report['kept own init'][name] == 'operator-specific'
+        for linear in ('qkv', 'proj'):
+            for param in ('weight', 'bias'):
+                assert f'layers.{index}.attn.{linear}.{param}' in report['copied']
+                assert torch.equal(getattr(getattr(layer.attn, linear), param),
+                                   getattr(getattr(teacher_layer.attn, linear), param))
+    out, = student(torch.randn(2, 3, 32, 32))
+    assert torch.isfinite(out).all()
+
+
+def test_mimetic_shapes_the_qk_rows_and_leaves_w_alone():
+    """``has_qk_form``: the analytic settings apply; W stays the identity."""
+    student = tiny_vit('hedgehog')
+    before = student.layers[0].attn.qkv.weight.detach().clone()
+    report = transfer_softmax_weights(student, setting='mimetic')
+    assert 'layers.0.attn.qkv.weight' in report['analytic']
+    assert not torch.equal(student.layers[0].attn.qkv.weight, before)
+    assert all(identity_heads(layer) for layer in student.layers)
+
+
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+def test_linear_vit_forward_backward(feature_map):
+    model = tiny_vit('hedgehog', attn_cfg=dict(feature_map=feature_map))
+    assert model.with_cls_token and model.pos_embed is not None
+    assert all(layer.attn.feature_map == feature_map for layer in model.layers)
+    images = torch.randn(2, 3, 32, 40)  # a 4 x 5 patch grid, not the 4 x 4 of img_size
+    out, = model(images)
+    assert out.shape == (2, TINY_ARCH['embed_dims']) and torch.isfinite(out).all()
+    out.pow(2).mean().backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None and torch.isfinite(param.grad).all(), name
+    assert all(layer.attn.feature_proj.grad.abs().max() > 0 for layer in model.layers)
+
+
+class LossModel(nn.Module):
+    """The least a model needs for the hook: a ``backbone`` and a ``mode='loss'`` forward."""
+
+    def __init__(self, backbone):
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, inputs, mode='loss'):
+        features, = self.backbone(inputs)
+        return dict(loss=0. * features.sum())
+
+
+def test_map_distillation_trains_the_feature_map(teacher_ckpt):
+    """Hedgehog's recipe through ``AttentionDistillHook(target='map')``: a student with the
+    teacher's weights, W alone trained on the map loss; the loss reaches W and falls."""
+    arch = dict(embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=64)
+    geometry = dict(arch=arch, img_size=32, patch_size=8)
+    student = LinearViT(attn_type='hedgehog', **geometry)
+    assert not student.load_state_dict(torch.load(teacher_ckpt), strict=False).unexpected_keys
+    model = LossModel(student)
+    hook = AttentionDistillHook(
+        teacher=dict(type='LinearViT', attn_type='softmax', **geometry,
+                     init_cfg=dict(type='Pretrained', checkpoint=str(teacher_ckpt))),
+        target='map', loss_weight=50.)
+    runner = SimpleNamespace(model=model, logger=MMLogger.get_current_instance(), epoch=0,
+                             iter=0)
+    hook.before_train(runner)
+    feature_projs = [layer.attn.feature_proj for layer in student.layers]
+    optimizer = torch.optim.Adam(feature_projs, lr=.05)
+    images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    model.train()
+    losses = []
+    for step in range(8):
+        runner.iter = step
+        hook.before_train_iter(runner, step)
+        optimizer.zero_grad()
+        loss = model(images, mode='loss')['loss_distill']
+        loss.backward()
+        if step == 0:
+            assert all(w.grad.abs().max() > 0 for w in feature_projs)
+        optimizer.step()
+        hook.after_train_iter(runner, step)
+        losses.append(loss.item())
+    hook.after_train(runner)
+    assert losses[0] > 0 and all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < .7 * losses[0], losses
