@@ -9,7 +9,7 @@ NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}
 MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PYTHON=${PYTHON:-python}
+source "$HERE/venv_python.sh"
 
 PYTHONPATH="$HERE/..${PYTHONPATH:+:$PYTHONPATH}" \
 "$PYTHON" -m torch.distributed.run \

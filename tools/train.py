@@ -4,6 +4,10 @@ Same command line as the upstream OpenMMLab tools::
 
     python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--amp]
         [--auto-scale-lr] [--no-validate] [--cfg-options k=v ...] [--launcher pytorch]
+
+A config that lacks them gets the training safeguards of
+``linvit_mm.engine.launch.add_training_safeguards`` (a non-finite loss stops the run
+before its checkpoint is written; checkpoints are written atomically); the log says so.
 """
 import argparse
 import os.path as osp
@@ -12,9 +16,9 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-import linvit_mm.engine  # noqa: F401  (registers CPUAmpOptimWrapper for --amp on CPU)
-from linvit_mm.engine.launch import (configure_amp, configure_device, default_work_dir,
-                                     finalize_distributed, set_local_rank)
+import linvit_mm.engine  # noqa: F401  (CPUAmpOptimWrapper, FiniteLossHook, atomic_local)
+from linvit_mm.engine.launch import (add_training_safeguards, configure_amp, configure_device,
+                                     default_work_dir, finalize_distributed, set_local_rank)
 
 
 def parse_args(argv=None):
@@ -90,7 +94,8 @@ def merge_args(cfg, args):
 def main(argv=None):
     args = parse_args(argv)
     cfg = merge_args(Config.fromfile(args.config), args)
-    notes = configure_device(cfg, args.launcher)
+    # Every run stops at a non-finite loss and writes its checkpoints atomically.
+    notes = add_training_safeguards(cfg) + configure_device(cfg, args.launcher)
     try:
         runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
         for note in notes:

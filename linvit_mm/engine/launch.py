@@ -1,15 +1,23 @@
 """What ``tools/train.py`` and ``tools/test.py`` do around mmengine's Runner.
 
 The tools keep the upstream CLI; this module holds the pieces they share:
-distributed runs on machines without CUDA (gloo) and ``--amp`` on CPU (bf16
-autocast). Checkpoint loading needs nothing here: importing ``linvit_mm``
-installs the safe loader of ``linvit_mm.utils.checkpoint``.
+distributed runs on machines without CUDA (gloo), ``--amp`` on CPU (bf16
+autocast) and, for training, the safeguards every run gets (a non-finite loss
+stops it before a checkpoint is written; checkpoints are written atomically).
+Checkpoint loading needs nothing here: importing ``linvit_mm`` installs the safe
+loader of ``linvit_mm.utils.checkpoint``.
 """
 import os
 import os.path as osp
 
 import torch
 import torch.distributed as dist
+
+# The training safeguards (``add_training_safeguards``): the ``default_hooks`` entry of the
+# finite-loss check and the file backend of atomic checkpoint writes.
+FINITE_LOSS_HOOK_KEY = 'check_loss'
+FINITE_LOSS_HOOK = dict(type='FiniteLossHook')
+ATOMIC_CHECKPOINTS = dict(backend='atomic_local')
 
 def _replace_sync_bn(node):
     """SyncBN needs CUDA (under gloo it raises); on CPU the same config runs with BN."""
@@ -66,6 +74,55 @@ def configure_amp(cfg):
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
     else:
         cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
+
+
+def _hook_type_name(hook):
+    hook_type = hook.get('type') if isinstance(hook, dict) else type(hook)
+    if isinstance(hook_type, str):
+        return hook_type.split('.')[-1]
+    return getattr(hook_type, '__name__', None)
+
+
+def add_training_safeguards(cfg):
+    """Give a training config what it lacks of the project's safeguards; returns log notes.
+
+    - ``default_hooks.check_loss = dict(type='FiniteLossHook')`` unless a
+      ``FiniteLossHook`` is already in ``default_hooks`` or ``custom_hooks``: a NaN or
+      infinite loss stops the run with an error before that iteration's checkpoint.
+      ``default_hooks.check_loss = None`` in a config switches it off deliberately.
+    - ``backend_args=dict(backend='atomic_local')`` for the checkpoint hook when it
+      sets no file backend of its own and saves to a local directory: a checkpoint is
+      written to a temporary file and renamed, so a killed save never leaves a partial
+      ``*.pth``.
+
+    A config keeps anything it sets itself. (These live here rather than in the
+    project's base configs because every leaf config lists the upstream
+    ``default_runtime.py`` beside them, and mmengine refuses a key, such as
+    ``default_hooks``, that two sibling bases both define.)
+    """
+    notes = []
+    if cfg.get('default_hooks') is None:
+        cfg.default_hooks = dict()
+    default_hooks = cfg.default_hooks
+    hooks = [h for h in [*default_hooks.values(), *(cfg.get('custom_hooks') or [])] if h]
+    if FINITE_LOSS_HOOK_KEY in default_hooks and default_hooks[FINITE_LOSS_HOOK_KEY] is None:
+        notes.append(f'finite-loss check switched off by the config '
+                     f'(default_hooks.{FINITE_LOSS_HOOK_KEY}=None)')
+    elif not any(_hook_type_name(h) == FINITE_LOSS_HOOK['type'] for h in hooks):
+        default_hooks[FINITE_LOSS_HOOK_KEY] = dict(FINITE_LOSS_HOOK)
+        notes.append(f'added default_hooks.{FINITE_LOSS_HOOK_KEY}={FINITE_LOSS_HOOK}: a NaN or '
+                     f'infinite loss stops the run before its checkpoint is written')
+
+    if 'checkpoint' not in default_hooks:
+        default_hooks['checkpoint'] = dict(type='CheckpointHook', interval=1)  # mmengine's
+    checkpoint = default_hooks['checkpoint']
+    target = str(checkpoint.get('out_dir') or cfg.get('work_dir') or '') if checkpoint else ''
+    if (isinstance(checkpoint, dict) and checkpoint.get('backend_args') is None
+            and checkpoint.get('file_client_args') is None and '://' not in target):
+        checkpoint['backend_args'] = dict(ATOMIC_CHECKPOINTS)
+        notes.append(f'checkpoints written atomically (default_hooks.checkpoint.backend_args='
+                     f'{ATOMIC_CHECKPOINTS}: a temporary file, then a rename)')
+    return notes
 
 
 def finalize_distributed():

@@ -362,7 +362,8 @@ def test_dist_train_with_the_hook_logs_loss_distill(tmp_path, mini_data_root, te
     config.write_text(
         f"_base_ = ['{TINY_CONFIG}']\n"
         "model = dict(backbone=dict(attn_type='relu'))\n"
-        f"custom_hooks = [dict(type='AttentionDistillHook', teacher={teacher_cfg(teacher_ckpt)!r})]\n"
+        "custom_hooks = [dict(type='AttentionDistillHook', "
+        f"teacher={teacher_cfg(teacher_ckpt)!r})]\n"
         "custom_imports = dict(imports=['linvit_mm.models', 'linvit_mm.engine'])\n")
     proc = subprocess.run(
         ['bash', 'tools/dist_train.sh', str(config), '2', '--work-dir', str(tmp_path / 'wd'),

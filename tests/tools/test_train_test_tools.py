@@ -18,18 +18,18 @@ def data_options(mini_data_root):
             for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader')]
 
 
-def run_tool(args, timeout=600, env=None):
+def run_tool(args, timeout=600, env=None, returncode=0):
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-4000:]
+    assert proc.returncode == returncode, output[-4000:]
     return output
 
 
-def train(work_dir, mini_data_root, *extra, options=()):
+def train(work_dir, mini_data_root, *extra, options=(), returncode=0):
     return run_tool([sys.executable, 'tools/train.py', str(TINY_CONFIG), '--work-dir',
                      str(work_dir), *extra, '--cfg-options',
-                     *data_options(mini_data_root), *options])
+                     *data_options(mini_data_root), *options], returncode=returncode)
 
 
 def trained_iters(log):
@@ -82,6 +82,27 @@ def test_train_writes_checkpoints_and_validates(trained_run):
     assert last.endswith('iter_2.pth')
 
 
+def test_train_adds_the_safeguards_the_config_lacks(trained_run):
+    work_dir, log = trained_run
+    # The tiny config, like any upstream-based one, has neither: the log says what was added.
+    assert "added default_hooks.check_loss={'type': 'FiniteLossHook'}" in log
+    assert "checkpoints written atomically (default_hooks.checkpoint.backend_args=" in log
+    dumped = (work_dir / 'tiny_cls_mini.py').read_text()
+    assert "backend_args=dict(backend='atomic_local')" in dumped
+    assert "check_loss=dict(type='FiniteLossHook')" in dumped
+    assert not [p.name for p in work_dir.iterdir() if p.name.endswith('.tmp')]
+
+
+def test_diverging_run_fails_before_saving_its_nan_weights(mini_data_root, tmp_path):
+    # lr 1e30: the first step puts the weights near 1e30, the second forward overflows.
+    log = train(tmp_path, mini_data_root, '--no-validate', returncode=1,
+                options=['optim_wrapper.optimizer.lr=1e30', 'train_cfg.max_iters=4'])
+    assert trained_iters(log) == [1]
+    assert 'FloatingPointError: non-finite training loss at iteration 2: loss=nan.' in log
+    assert sorted(p.name for p in tmp_path.glob('*.pth')) == ['iter_1.pth']
+    assert (tmp_path / 'last_checkpoint').read_text().endswith('iter_1.pth')
+
+
 def test_resume_auto_and_from_path(trained_run, mini_data_root, tmp_path):
     work_dir, _ = trained_run
     resumed = tmp_path / 'resumed'
@@ -98,9 +119,13 @@ def test_resume_auto_and_from_path(trained_run, mini_data_root, tmp_path):
 
 
 def test_amp_on_cpu_trains_in_bf16(mini_data_root, tmp_path):
+    from linvit_mm.engine.optim_wrapper import cpu_has_native_bf16
     log = train(tmp_path, mini_data_root, '--amp', '--no-validate')
     assert trained_iters(log) == [1, 2]
     assert 'CPUAmpOptimWrapper' in (tmp_path / 'tiny_cls_mini.py').read_text()
+    # the slow-bf16 warning where (and only where) this CPU has no native bf16
+    warned = re.search(r'WARNING - CPUAmpOptimWrapper: this CPU has no native bf16', log)
+    assert bool(warned) == (cpu_has_native_bf16() is False)
 
 
 def test_test_tool_evaluates_and_dumps(trained_run, tmp_path, mini_data_root):
@@ -126,3 +151,57 @@ def test_dist_train_two_processes_with_gloo(mini_data_root, tmp_path):
                     'train_cfg.max_iters=3'],
                    env=dict(PYTHON=sys.executable, PORT='29518'))
     assert trained_iters(log) == [3]
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "{name} ran: $*"
+"""
+
+
+@pytest.fixture
+def fake_checkout(tmp_path):
+    """The launch scripts in a checkout whose interpreters only say which ran, plus a
+    ``python`` first on PATH; returns (checkout, environment)."""
+    checkout = tmp_path / 'checkout'
+    (checkout / 'tools').mkdir(parents=True)
+    for script in ('dist_train.sh', 'dist_test.sh', 'venv_python.sh'):
+        (checkout / 'tools' / script).write_text((REPO / 'tools' / script).read_text())
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    for path, name in ((bin_dir / 'python', 'PATH python'),
+                       (checkout / '.venv' / 'bin' / 'python', 'venv python'),
+                       (tmp_path / 'other' / 'bin' / 'python', 'LINVIT_VENV python')):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(FAKE_PYTHON.format(name=name))
+        path.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ('PYTHON', 'LINVIT_VENV')}
+    env['PATH'] = f'{bin_dir}{os.pathsep}{env["PATH"]}'
+    return checkout, env
+
+
+@pytest.mark.parametrize('script, args, tool_args', [
+    ('dist_train.sh', ['cfg.py', '2', '--amp'], 'train.py cfg.py --launcher pytorch --amp'),
+    ('dist_test.sh', ['cfg.py', 'ckpt.pth', '2', '--tta'],
+     'test.py cfg.py ckpt.pth --launcher pytorch --tta'),
+])
+def test_dist_scripts_run_the_checkouts_venv(fake_checkout, tmp_path, script, args, tool_args):
+    checkout, env = fake_checkout
+
+    def launch(**extra_env):
+        proc = subprocess.run(['bash', str(checkout / 'tools' / script), *args],
+                              capture_output=True, text=True, env={**env, **extra_env})
+        return proc.returncode, proc.stdout.strip(), proc.stderr
+
+    # no activated environment: the checkout's .venv, not whatever python is on PATH
+    code, out, _ = launch()
+    assert code == 0 and out.startswith('venv python ran: -m torch.distributed.run ')
+    assert '--nproc_per_node=2' in out and out.endswith(tool_args)
+    code, out, _ = launch(PYTHON=str(tmp_path / 'bin' / 'python'))
+    assert out.startswith('PATH python ran: -m torch.distributed.run ')
+    code, out, _ = launch(LINVIT_VENV=str(tmp_path / 'other'))
+    assert out.startswith('LINVIT_VENV python ran: ')
+    code, _, err = launch(LINVIT_VENV=str(tmp_path / 'missing'))
+    assert code == 1 and f'LINVIT_VENV={tmp_path / "missing"} has no bin/python' in err
+    (checkout / '.venv' / 'bin' / 'python').unlink()
+    code, out, _ = launch()
+    assert out.startswith('PATH python ran: ')  # without a .venv, an activated environment

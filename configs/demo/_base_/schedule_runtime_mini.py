@@ -22,8 +22,12 @@ param_scheduler = [
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 val_cfg = dict()
 test_cfg = dict()
+# Checkpoints written atomically, and a NaN or infinite loss stops the run before its
+# checkpoint (both from linvit_mm.engine; tools/train.py adds them to configs without them).
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
-    checkpoint=dict(type='CheckpointHook', interval=max_iters, by_epoch=False))
+    checkpoint=dict(type='CheckpointHook', interval=max_iters, by_epoch=False,
+                    backend_args=dict(backend='atomic_local')),
+    check_loss=dict(type='FiniteLossHook'))
 log_processor = dict(by_epoch=False)
 randomness = dict(seed=0)

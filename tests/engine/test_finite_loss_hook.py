@@ -1,0 +1,115 @@
+"""FiniteLossHook: a non-finite loss stops the run before that iteration's checkpoint."""
+import math
+import re
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.logging import MMLogger
+from mmengine.runner import Runner
+
+from linvit_mm.engine import FiniteLossHook
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_CONFIG = REPO / 'tests' / 'data' / 'configs' / 'tiny_cls_mini.py'
+
+
+def stub_runner(iteration=4):
+    return types.SimpleNamespace(iter=iteration, epoch=0, work_dir='/runs/here',
+                                 logger=MMLogger.get_instance('test_finite_loss_hook'))
+
+
+def test_finite_losses_pass():
+    FiniteLossHook().after_train_iter(stub_runner(), 0, outputs=dict(
+        loss=torch.tensor(2.5), loss_task=torch.tensor(1.5), loss_distill=1.0, accuracy=50.))
+
+
+@pytest.mark.parametrize('outputs, named', [
+    (dict(loss=torch.tensor(math.inf), loss_task=torch.tensor(1.5),
+          loss_distill=torch.tensor(math.inf)), 'loss=inf, loss_task=1.5, loss_distill=inf'),
+    (dict(loss=torch.tensor(math.nan), acc=torch.tensor(1.)), 'loss=nan'),
+    # models with one optimizer per part log one total each and no plain 'loss'
+    (dict(loss_gen=torch.tensor(0.3), loss_disc=float('nan')), 'loss_gen=0.3, loss_disc=nan'),
+])
+def test_non_finite_loss_raises_naming_every_term(outputs, named):
+    with pytest.raises(FloatingPointError) as error:
+        FiniteLossHook().after_train_iter(stub_runner(iteration=4), 0, outputs=outputs)
+    message = str(error.value)
+    assert message.startswith(f'non-finite training loss at iteration 5: {named}.')
+    assert 'before this iteration is saved' in message and '/runs/here' in message
+    assert 'learning rate' in message
+    assert ('the teacher (its checkpoint)' in message) == ('loss_distill=inf' in named)
+
+
+def test_outputs_without_a_loss_are_refused():
+    with pytest.raises(ValueError, match=r"no loss entry to check \(outputs: \['acc'\]\)"):
+        FiniteLossHook().after_train_iter(stub_runner(), 0, outputs=dict(acc=1.0))
+
+
+# ---------------------------------------------------------------- with the real Runner
+class PoisonLossWeight(Hook):
+    """From iteration ``at`` (1-based) on, a NaN distillation weight: what the hook's own
+    check refuses at construction, set behind its back, as a bug elsewhere could."""
+
+    priority = 'HIGHEST'
+
+    def __init__(self, at):
+        self.at = at
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        if runner.iter + 1 == self.at:
+            hook = next(h for h in runner.hooks if type(h).__name__ == 'AttentionDistillHook')
+            hook.loss_weight = float('nan')
+
+
+def distill_cfg(work_dir, mini_data_root, teacher_checkpoint, max_iters):
+    cfg = Config.fromfile(str(TINY_CONFIG))
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[loader].dataset.data_root = str(mini_data_root / 'imagenet')
+    cfg.work_dir = str(work_dir)
+    cfg.train_cfg.max_iters = max_iters
+    cfg.train_cfg.val_interval = max_iters
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=1, by_epoch=False)
+    cfg.default_hooks.check_loss = dict(type='FiniteLossHook')
+    cfg.custom_hooks = [dict(
+        type='AttentionDistillHook',
+        teacher=dict(type='LinearViT', arch=dict(cfg.model.backbone.arch), attn_type='softmax',
+                     img_size=32, patch_size=8,
+                     init_cfg=dict(type='Pretrained', checkpoint=str(teacher_checkpoint))))]
+    return cfg
+
+
+@pytest.fixture(scope='module')
+def nan_teacher_ckpt(teacher_ckpt, tmp_path_factory):
+    state = torch.load(teacher_ckpt, map_location='cpu')
+    state = {k: torch.full_like(v, math.nan) if k.endswith('attn.qkv.weight') else v
+             for k, v in state.items()}
+    path = tmp_path_factory.mktemp('nan_teacher') / 'nan_teacher.pth'
+    torch.save(state, path)
+    return path
+
+
+def test_nan_teacher_stops_the_run_before_any_checkpoint(tmp_path, mini_data_root,
+                                                         nan_teacher_ckpt):
+    runner = Runner.from_cfg(distill_cfg(tmp_path, mini_data_root, nan_teacher_ckpt, 3))
+    with pytest.raises(FloatingPointError,
+                       match=r'at iteration 1: loss=nan, loss_task=[\d.]+, loss_distill=nan'):
+        runner.train()
+    assert not list(tmp_path.glob('*.pth')) and not (tmp_path / 'last_checkpoint').exists()
+
+
+def test_loss_turning_nan_mid_run_keeps_only_the_checkpoints_from_before(
+        tmp_path, mini_data_root, teacher_ckpt):
+    runner = Runner.from_cfg(distill_cfg(tmp_path, mini_data_root, teacher_ckpt, 5))
+    runner.register_hook(PoisonLossWeight(at=3))
+    with pytest.raises(FloatingPointError, match='at iteration 3: .*loss_distill=nan'):
+        runner.train()
+    assert sorted(p.name for p in tmp_path.glob('*.pth')) == ['iter_1.pth', 'iter_2.pth']
+    assert (tmp_path / 'last_checkpoint').read_text().endswith('iter_2.pth')
+    state = torch.load(tmp_path / 'iter_2.pth', map_location='cpu', weights_only=False)
+    assert all(torch.isfinite(v).all() for v in state['state_dict'].values())
+    log = next(tmp_path.glob('*/*.log')).read_text()
+    assert re.search(r'ERROR - .*non-finite training loss at iteration 3: ', log)
