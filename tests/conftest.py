@@ -54,9 +54,33 @@ def teacher_ckpt(tmp_path_factory):
     return path
 
 
+def pytest_make_parametrize_id(config, val, argname):
+    """Grids and block counts, pairs of ints, read ``14x14`` in test ids."""
+    if isinstance(val, tuple) and len(val) == 2 and all(type(v) is int for v in val):
+        return f'{val[0]}x{val[1]}'
+    return None
+
+
+@pytest.fixture(params=['cpu', pytest.param('cuda', marks=pytest.mark.cuda)])
+def device(request):
+    """Run a test on the CPU and again on CUDA (marked ``cuda``: ``pytest tests -m cuda`` runs
+    only those); the CUDA case is skipped where ``torch.cuda.is_available()`` is False."""
+    import torch
+    if request.param == 'cuda' and not torch.cuda.is_available():
+        pytest.skip('CUDA is not available (torch.cuda.is_available() is False)')
+    return request.param
+
+
 @pytest.fixture(params=['cpp', 'torch'])
 def kernel_path(request):
-    """Run a test with linvit_mm's C++ CPU kernels and again with their PyTorch fallback."""
+    """Run a test with linvit_mm's C++ CPU kernels and again with their PyTorch fallback.
+
+    With the ``device`` fixture on CUDA both would run the same PyTorch operations (the
+    kernels are CPU-only), so the CUDA case runs once, as ``torch``.
+    """
     from linvit_mm.ops import set_cpu_kernels
+    if request.param == 'cpp' and 'device' in request.fixturenames \
+            and request.getfixturevalue('device') != 'cpu':
+        pytest.skip('the C++ kernels are CPU-only: on CUDA this case equals kernel_path torch')
     with set_cpu_kernels(request.param == 'cpp'):
         yield request.param

@@ -4,8 +4,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from linvit_mm.models.attention import MultiHeadLinearAttention, build_attention
 from linvit_mm.models.attention.mhla import distance_mixing_matrix
@@ -14,48 +12,17 @@ from linvit_mm.testing import assert_rel_close, rel_error
 EMBED_DIMS, NUM_HEADS = 24, 3
 
 
-def grid_id(hw):
-    return f'{hw[0]}x{hw[1]}'
-
-
-def make(dtype=torch.float64, seed=0, randomise_mixing=True, **kwargs):
+def make(dtype=torch.float64, seed=0, randomise_mixing=True, device='cpu', embed_dims=EMBED_DIMS,
+         num_heads=NUM_HEADS, **kwargs):
     """An MHLA module; the mixing matrix is made asymmetric and dense so that a wrong
     block index or transposed mixing cannot hide behind the symmetric initialisation."""
     torch.manual_seed(seed)
-    kwargs.setdefault('embed_dims', EMBED_DIMS)
-    kwargs.setdefault('num_heads', NUM_HEADS)
-    module = build_attention('mhla', **kwargs).to(dtype)
+    module = MultiHeadLinearAttention(embed_dims, num_heads, **kwargs)
+    module.to(device=device, dtype=dtype)
     if randomise_mixing:
         with torch.no_grad():
             module.block_mixing.uniform_(0.1, 1.)
     return module
-
-
-def tokens(hw, num_extra, batch=2, dims=EMBED_DIMS, dtype=torch.float64, seed=1):
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, num_extra + hw[0] * hw[1], dims, generator=generator, dtype=dtype)
-
-
-def output_and_grads(module, fn, x):
-    """Output, input gradient and every parameter gradient for a fixed upstream gradient."""
-    module.zero_grad(set_to_none=True)
-    x = x.detach().clone().requires_grad_(True)
-    out = fn(x)
-    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
-    out.backward(upstream)
-    grads = {'x': x.grad}
-    grads.update({name: p.grad for name, p in module.named_parameters()})
-    return out.detach(), grads
-
-
-def assert_fast_matches_reference(module, x, hw, tol=1e-10):
-    out, grads = output_and_grads(module, lambda t: module(t, hw), x)
-    ref, ref_grads = output_and_grads(module, lambda t: module.forward_reference(t, hw), x)
-    assert out.shape == x.shape
-    assert_rel_close(out, ref, tol, 'output')
-    for name, grad in grads.items():
-        assert grad is not None, f'no gradient reached {name}'
-        assert_rel_close(grad, ref_grads[name], tol, f'grad of {name}')
 
 
 def heads(t, num_heads):
@@ -82,22 +49,17 @@ def finish(module, out_heads, values, hw, num_extra=0):
 
 # ---------------------------------------------------------------- fast == reference
 
-CASES = [
-    ((14, 14), 8, 2, {}),
-    ((7, 9), 8, 2, {}),
-    ((3, 1), 8, 2, {}),
-    ((1, 1), 8, 2, {}),
-    ((50, 84), 4, 1, {}),
-]
+CASES = [((14, 14), 8, 2), ((7, 9), 8, 2), ((3, 1), 8, 2), ((1, 1), 8, 2), ((50, 84), 4, 1)]
 
 
 @pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
-@pytest.mark.parametrize('hw,dims,num_heads,kwargs', CASES,
-                         ids=[grid_id(case[0]) for case in CASES])
-def test_fast_matches_reference(hw, dims, num_heads, kwargs, num_extra):
-    module = make(embed_dims=dims, num_heads=num_heads, **kwargs)
-    x = tokens(hw, num_extra, batch=1 if hw[0] * hw[1] > 1000 else 2, dims=dims)
-    assert_fast_matches_reference(module, x, hw)
+@pytest.mark.parametrize('hw,dims,num_heads', CASES)
+def test_fast_matches_reference(hw, dims, num_heads, num_extra, device, tokens,
+                                assert_matches_reference):
+    module = make(embed_dims=dims, num_heads=num_heads, device=device)
+    x = tokens(hw, num_extra, batch=1 if hw[0] * hw[1] > 1000 else 2, dims=dims, device=device)
+    grads = assert_matches_reference(module, x, hw)
+    assert all(grad is not None for grad in grads.values()), 'a parameter gets no gradient'
 
 
 OPTIONS = {
@@ -109,45 +71,30 @@ OPTIONS = {
 
 
 @pytest.mark.parametrize('option', list(OPTIONS))
-def test_fast_matches_reference_options(option):
+def test_fast_matches_reference_options(option, tokens, assert_matches_reference):
     module = make(**OPTIONS[option])
     hw = (10, 7)
     x = tokens(hw, 2 if option == 'two_extra' else 0)
-    assert_fast_matches_reference(module, x, hw)
+    grads = assert_matches_reference(module, x, hw)
+    assert all(grad is not None for grad in grads.values()), 'a parameter gets no gradient'
 
 
-class LargestIntermediate(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an aten op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
-def test_fast_form_never_builds_token_pairs():
+def test_fast_form_never_builds_token_pairs(tokens, largest_intermediate):
     module = make()
     hw = (40, 40)
     x = tokens(hw, 1, batch=1)
     num_tokens = x.shape[1]
-    with torch.no_grad(), LargestIntermediate() as probe:
-        module(x, hw)
-    assert probe.largest < num_tokens * num_tokens / 8
-    with torch.no_grad(), LargestIntermediate() as probe:
-        module.forward_reference(x, hw)
-    assert probe.largest >= num_tokens * num_tokens  # the probe does see N x N tensors
+    with torch.no_grad():
+        assert largest_intermediate(lambda: module(x, hw)) < num_tokens * num_tokens / 8
+        # the probe does see N x N tensors
+        reference = largest_intermediate(lambda: module.forward_reference(x, hw))
+    assert reference >= num_tokens * num_tokens
 
 
 # ---------------------------------------------------------------- padding and layout
 
-@pytest.mark.parametrize('hw', [(7, 9), (5, 3), (3, 1)], ids=grid_id)
-def test_non_divisible_grid_equals_padded_grid_with_masked_keys(hw):
+@pytest.mark.parametrize('hw', [(7, 9), (5, 3), (3, 1)])
+def test_non_divisible_grid_equals_padded_grid_with_masked_keys(hw, tokens):
     """Oracle built on the padded (divisible) grid, with padded tokens' keys and
     values zeroed after the feature map and padded queries dropped."""
     module = make()
@@ -193,9 +140,8 @@ def test_non_divisible_grid_equals_padded_grid_with_masked_keys(hw):
 
 @pytest.mark.parametrize('hw,block', [((14, 14), (7, 7)), ((28, 28), (14, 14)),
                                       ((50, 84), (25, 42)), ((7, 9), (4, 5)),
-                                      ((3, 1), (2, 1)), ((1, 1), (1, 1))],
-                         ids=lambda v: grid_id(v))
-def test_block_count_fixed_block_size_follows_grid(hw, block):
+                                      ((3, 1), (2, 1)), ((1, 1), (1, 1))])
+def test_block_count_fixed_block_size_follows_grid(hw, block, tokens):
     module = make(embed_dims=8, num_heads=2)
     layout = module.block_layout(hw)
     assert (layout.rows, layout.cols) == (2, 2)
@@ -206,7 +152,7 @@ def test_block_count_fixed_block_size_follows_grid(hw, block):
         assert_rel_close(module(x, hw), module.forward_reference(x, hw), 1e-10, 'output')
 
 
-def test_same_parameters_serve_every_resolution():
+def test_same_parameters_serve_every_resolution(tokens):
     module = make(embed_dims=8, num_heads=2)
     state = {k: v.clone() for k, v in module.state_dict().items()}
     for hw in [(14, 14), (28, 28), (50, 84)]:
@@ -217,7 +163,7 @@ def test_same_parameters_serve_every_resolution():
     assert all(torch.equal(state[k], v) for k, v in module.state_dict().items())
 
 
-def test_blocks_are_the_summary_boundaries():
+def test_blocks_are_the_summary_boundaries(tokens):
     """With identity mixing and no value convolution a token only influences the
     outputs of its own block, which at 28x28 is a 14x14 quarter (not a 7x7 one)."""
     module = make(randomise_mixing=False)
@@ -240,7 +186,7 @@ def test_blocks_are_the_summary_boundaries():
 # ---------------------------------------------------------------- semantics
 
 @pytest.mark.parametrize('num_extra', [1, 2], ids=['one_extra', 'two_extra'])
-def test_extra_tokens_are_global(num_extra):
+def test_extra_tokens_are_global(num_extra, tokens):
     """Extra queries read plain (unmixed) linear attention over all tokens; patch
     queries see the extra keys with weight 1 on top of their mixed block summary."""
     module = make()
@@ -258,7 +204,7 @@ def test_extra_tokens_are_global(num_extra):
     assert torch.equal(weights[:, :num_extra], torch.ones_like(weights[:, :num_extra]))
 
 
-def test_value_convolution_skips_extra_tokens():
+def test_value_convolution_skips_extra_tokens(tokens):
     """Changing only the conv bias moves patch outputs by proj(bias), not the class token."""
     module = make()
     hw = (4, 4)
@@ -273,7 +219,7 @@ def test_value_convolution_skips_extra_tokens():
                      'patch shift')
 
 
-def test_normaliser_uses_the_queries_of_the_numerator():
+def test_normaliser_uses_the_queries_of_the_numerator(tokens):
     """Equal values everywhere: every output row is a convex combination of them, so
     MHLA returns that value exactly. The public code's normaliser, which pairs block
     j's normaliser with the query at the same position of block j instead of the
@@ -315,7 +261,7 @@ def test_normaliser_uses_the_queries_of_the_numerator():
 # ---------------------------------------------------------------- mixing initialisation
 
 @pytest.mark.parametrize('mode', ['linear', 'cos'])
-@pytest.mark.parametrize('num_blocks', [(2, 2), (3, 4), (1, 3), (4, 4)], ids=grid_id)
+@pytest.mark.parametrize('num_blocks', [(2, 2), (3, 4), (1, 3), (4, 4)])
 def test_mixing_init_columns_normalised_nearer_heavier(num_blocks, mode):
     weights = distance_mixing_matrix(num_blocks, mode).double()
     M = num_blocks[0] * num_blocks[1]
@@ -351,21 +297,18 @@ def test_mixing_init_values_on_the_paper_layout():
 
 # ---------------------------------------------------------------- numerics
 
-def test_bf16_autocast_long_sequence_finite():
+def test_bf16_autocast_long_sequence_finite(tokens, autocast_output):
     dims, hw = 32, (128, 128)
     module = make(dtype=torch.float32, embed_dims=dims, num_heads=2, randomise_mixing=False)
-    x = tokens(hw, 0, batch=1, dims=dims, dtype=torch.float32) * 4.
-    with torch.no_grad():
-        expected = module(x, hw)
-        with torch.autocast('cpu', dtype=torch.bfloat16):
-            out = module(x, hw)
+    x = tokens(hw, 0, batch=1, dims=dims, dtype=torch.float32, scale=4.)
+    out, exact = autocast_output(module, x, hw, torch.bfloat16)
     assert x.shape[1] == 16384
     assert out.dtype == torch.bfloat16
     assert torch.isfinite(out).all()
-    assert rel_error(out, expected) < 3e-2
+    assert rel_error(out, exact) < 3e-2
 
 
-def test_state_is_float32_for_half_inputs():
+def test_state_is_float32_for_half_inputs(tokens):
     """fp16 module, no autocast: the summaries of large keys/values overflow fp16
     (65504) but not the float32 state, so the output stays finite."""
     module = make(dtype=torch.float16, randomise_mixing=False)
@@ -379,7 +322,7 @@ def test_state_is_float32_for_half_inputs():
 
 # ---------------------------------------------------------------- interface and errors
 
-def test_interface_flags_and_parameter_names():
+def test_interface_flags_and_parameter_names(tokens):
     module = build_attention('mhla', embed_dims=EMBED_DIMS, num_heads=NUM_HEADS)
     assert isinstance(module, MultiHeadLinearAttention)
     assert module.uses_cls_token is False and module.has_map is False
@@ -407,7 +350,7 @@ def test_bad_arguments_are_rejected(kwargs, match):
         MultiHeadLinearAttention(EMBED_DIMS, NUM_HEADS, **kwargs)
 
 
-def test_bad_grid_is_rejected():
+def test_bad_grid_is_rejected(tokens):
     module = make(dtype=torch.float32)
     with pytest.raises(ValueError, match='cannot hold'):
         module(tokens((4, 4), 0, dtype=torch.float32), (5, 4))

@@ -1,0 +1,113 @@
+"""Helpers of the attention operator tests, handed to the tests as fixtures.
+
+A fixture here returns a function (pytest's factory-as-fixture form): a test module cannot
+import a ``conftest.py`` reliably, as every test folder has one of that name. Default
+operator sizes (:data:`EMBED_DIMS`, :data:`NUM_HEADS`) are those of ``make_attention``
+and ``tokens``.
+"""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from linvit_mm.models.attention import build_attention
+from linvit_mm.testing import assert_rel_close
+
+EMBED_DIMS, NUM_HEADS = 24, 3
+
+
+def make_attention(attn_type, dtype=torch.float64, seed=0, device='cpu', **kwargs):
+    """``build_attention(attn_type, ...)`` with the default sizes, seeded, in float64."""
+    torch.manual_seed(seed)
+    kwargs.setdefault('embed_dims', EMBED_DIMS)
+    kwargs.setdefault('num_heads', NUM_HEADS)
+    return build_attention(attn_type, **kwargs).to(device=device, dtype=dtype)
+
+
+def tokens(hw, num_extra, batch=2, dims=EMBED_DIMS, dtype=torch.float64, seed=1, scale=1.,
+                  device='cpu'):
+    """``(batch, num_extra + H*W, dims)`` standard normal tokens times ``scale``; the same
+    values on every device (drawn on the CPU)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, num_extra + hw[0] * hw[1], dims, generator=generator, dtype=dtype)
+    return (x * scale).to(device)
+
+
+def output_and_grads(module, fn, x):
+    """``fn(x)`` and, for a fixed upstream gradient, the gradients of ``x`` (key ``'x'``) and of
+    every parameter of ``module`` (None for a parameter ``fn`` does not use)."""
+    module.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(True)
+    out = fn(x)
+    generator = torch.Generator().manual_seed(7)
+    upstream = torch.randn(out.shape, generator=generator, dtype=out.dtype).to(out.device)
+    out.backward(upstream)
+    grads = {'x': x.grad}
+    grads.update({name: param.grad for name, param in module.named_parameters()})
+    return out.detach(), grads
+
+
+def assert_matches_reference(module, x, hw, tol=1e-10):
+    """The fast form equals ``forward_reference`` (output and gradients) and uses the same
+    parameters; returns the fast form's gradients (see :func:`output_and_grads`)."""
+    out, grads = output_and_grads(module, lambda t: module(t, hw), x)
+    ref, ref_grads = output_and_grads(module, lambda t: module.forward_reference(t, hw), x)
+    assert out.shape == x.shape
+    assert_rel_close(out, ref, tol, 'output')
+    for name, grad in grads.items():
+        if grad is None or ref_grads[name] is None:
+            assert grad is None and ref_grads[name] is None, f'{name}: gradient in one form only'
+        else:
+            assert_rel_close(grad, ref_grads[name], tol, f'grad of {name}')
+    return grads
+
+
+def autocast_output(module, x, hw, dtype):
+    """Without grad: ``module(x, hw)`` under CPU autocast to ``dtype``, and the same module's
+    exact output in float64 (the module is left in float64)."""
+    with torch.no_grad():
+        with torch.autocast('cpu', dtype=dtype):
+            out = module(x, hw)
+        exact = module.double()(x.double(), hw)
+    return out, exact
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records name, output dtype and size of every aten op that runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.ops.append((func.overloadpacket.__name__, t.dtype, t.numel()))
+        return out
+
+
+def recorded_ops(fn):
+    """``(op name, dtype, numel)`` of every tensor an aten op returns while ``fn()`` runs."""
+    with OpRecorder() as recorder:
+        fn()
+    return recorder.ops
+
+
+def largest_intermediate(fn):
+    """The most elements of any tensor an aten op returns while ``fn()`` runs."""
+    return max(numel for _, _, numel in recorded_ops(fn))
+
+
+def _as_fixture(helper):
+    """A fixture named like ``helper`` that returns it."""
+    return pytest.fixture(name=helper.__name__)(lambda: helper)
+
+
+make_attention_fixture = _as_fixture(make_attention)
+tokens_fixture = _as_fixture(tokens)
+output_and_grads_fixture = _as_fixture(output_and_grads)
+assert_matches_reference_fixture = _as_fixture(assert_matches_reference)
+autocast_output_fixture = _as_fixture(autocast_output)
+recorded_ops_fixture = _as_fixture(recorded_ops)
+largest_intermediate_fixture = _as_fixture(largest_intermediate)
