@@ -32,28 +32,6 @@ def test_relu_mac_bound_reproduces_issue(bench, size, tokens, issue_bound, backb
     assert bench.mac_bound('relu', size, 'small') == pytest.approx(backbone_bound, abs=.002)
 
 
-@pytest.mark.parametrize('attn_type', ['softmax', 'relu', 'inline', 'mhla', 'ttt'])
-def test_mac_count_from_module_shapes(bench, attn_type):
-    """The walker finds every linear and conv, including TTT's wider qkv/proj and cpe."""
-    size, C, h, layers, hidden = 128, 64, 2, 2, 128
-    d, P = C // h, (size // 16)**2
-    model = bench.build_backbone(attn_type, TINY_ARCH, size)
-    N = P + model.num_extra_tokens
-    qkv_out, proj_in = (3 * C + 3 * d, C + d) if attn_type == 'ttt' else (3 * C, C)
-    linear = N * (C * qkv_out + proj_in * C + 2 * C * hidden)
-    conv = {'mhla': 25 * P * C, 'ttt': 9 * P * C}.get(attn_type, 0)
-    core = {'softmax': 2 * N * N * C,
-            'relu': 2 * N * C * d + 2 * N * C,
-            'inline': 2 * N * C * d + 4 * N * C,
-            'mhla': 2 * N * C * d + 2 * N * C + 4**2 * C * (d + 1),
-            'ttt': 6 * N * C * d + 2 * h * d * d + 18 * P * d + 9 * d}[attn_type]
-    counts = bench.count_macs(model, size)
-    assert counts['linear'] == layers * linear
-    assert counts['conv'] == layers * conv
-    assert counts['attention_core'] == layers * core
-    assert counts['total'] == layers * (linear + conv + core) + P * 3 * 16 * 16 * C
-
-
 def test_tiny_run_writes_table_csv_and_plot(bench, tmp_path, capsys):
     rows = bench.main(['--arch', '{"embed_dims": 64, "num_layers": 2, "num_heads": 2, '
                        '"feedforward_channels": 128}', '--sizes', '32', '64', '--repeats', '1',
@@ -138,6 +116,17 @@ def test_target_verdicts(bench):
         'ttt fwd speed-up >= 75% of MAC bound @ 16384 tokens',
         'ttt train speed-up >= 75% of MAC bound @ 16384 tokens',
         'ttt train peak memory @ 16384 <= 4.5x @ 4096 tokens'])
+
+
+def test_targets_not_checked_are_one_line(bench):
+    results = [('relu fwd @ 196 tokens <= 1.1x softmax', 'PASS', '1.02x softmax'),
+               ('relu fwd speed-up >= 90% of MAC bound @ 4096 tokens', 'SKIP', 'not measured'),
+               ('relu train peak memory @ 16384 <= 4.5x @ 4096 tokens', 'SKIP', 'no memory')]
+    lines = bench.format_targets(results).splitlines()
+    assert lines[1] == '  PASS  relu fwd @ 196 tokens <= 1.1x softmax: 1.02x softmax'
+    assert len(lines) == 3 and lines[2].startswith('  2 targets not checked: they need')
+    assert 'SKIP' not in '\n'.join(lines)
+    assert len(bench.format_targets(results[:1]).splitlines()) == 2
 
 
 def test_unknown_operator_is_rejected(bench):

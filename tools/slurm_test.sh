@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Usage: [GPUS=8] [GPUS_PER_NODE=8] [CPUS_PER_TASK=5] [SRUN_ARGS=...] \
+#     tools/slurm_test.sh PARTITION JOB_NAME CONFIG CHECKPOINT [test.py args...]
+# The upstream OpenMMLab script: one srun task per GPU, tools/test.py --launcher slurm.
+# PYTHON picks the interpreter (default: python on the PATH of the compute nodes).
+set -euo pipefail
+if [ "$#" -lt 4 ]; then
+    echo "usage: $0 PARTITION JOB_NAME CONFIG CHECKPOINT [test.py args...]" >&2
+    exit 2
+fi
+PARTITION=$1
+JOB_NAME=$2
+CONFIG=$3
+CHECKPOINT=$4
+GPUS=${GPUS:-8}
+GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+CPUS_PER_TASK=${CPUS_PER_TASK:-5}
+SRUN_ARGS=${SRUN_ARGS:-""}
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PYTHON=${PYTHON:-python}
+
+set -x
+# SRUN_ARGS is split on spaces on purpose: it holds several srun options.
+# shellcheck disable=SC2086
+PYTHONPATH="$HERE/..${PYTHONPATH:+:$PYTHONPATH}" \
+srun -p "$PARTITION" \
+    --job-name="$JOB_NAME" \
+    --gres=gpu:"$GPUS_PER_NODE" \
+    --ntasks="$GPUS" \
+    --ntasks-per-node="$GPUS_PER_NODE" \
+    --cpus-per-task="$CPUS_PER_TASK" \
+    --kill-on-bad-exit=1 \
+    ${SRUN_ARGS} \
+    "$PYTHON" -u "$HERE/test.py" "$CONFIG" "$CHECKPOINT" --launcher="slurm" "${@:5}"
