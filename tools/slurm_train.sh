@@ -2,7 +2,8 @@
 # Usage: [GPUS=8] [GPUS_PER_NODE=8] [CPUS_PER_TASK=5] [SRUN_ARGS=...] \
 #     tools/slurm_train.sh PARTITION JOB_NAME CONFIG WORK_DIR [train.py args...]
 # The upstream OpenMMLab script: one srun task per GPU, tools/train.py --launcher slurm.
-# PYTHON picks the interpreter (default: python on the PATH of the compute nodes).
+# PYTHON picks the interpreter (default: the environment tools/setup_env.sh builds, see
+# venv_python.sh; the compute nodes must see the same path).
 set -euo pipefail
 if [ "$#" -lt 4 ]; then
     echo "usage: $0 PARTITION JOB_NAME CONFIG WORK_DIR [train.py args...]" >&2
@@ -17,7 +18,7 @@ GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 CPUS_PER_TASK=${CPUS_PER_TASK:-5}
 SRUN_ARGS=${SRUN_ARGS:-""}
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PYTHON=${PYTHON:-python}
+source "$HERE/venv_python.sh"
 
 set -x
 # SRUN_ARGS is split on spaces on purpose: it holds several srun options.

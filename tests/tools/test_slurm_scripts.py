@@ -22,6 +22,10 @@ def run_script(tmp_path, script, args, **env):
     srun.write_text(FAKE_SRUN)
     srun.chmod(0o755)
     record = tmp_path / 'srun.json'
+    venv_python = tmp_path / 'venv' / 'bin' / 'python'  # the default interpreter: a venv's
+    venv_python.parent.mkdir(parents=True, exist_ok=True)
+    venv_python.touch(mode=0o755)
+    env.setdefault('LINVIT_VENV', str(tmp_path / 'venv'))
     for name in ('GPUS', 'GPUS_PER_NODE', 'CPUS_PER_TASK', 'SRUN_ARGS', 'PYTHON', 'PYTHONPATH'):
         env.setdefault(name, None)
     full_env = {**os.environ, 'PATH': f'{bin_dir}:{os.environ["PATH"]}',
@@ -45,7 +49,8 @@ def test_train_runs_train_py_with_the_slurm_launcher(tmp_path):
                                  '--cfg-options', 'model.backbone.init_cfg.checkpoint=a b.pth'])
     assert proc.returncode == 0, proc.stderr
     assert recorded['argv'] == SRUN_DEFAULTS + [
-        'python', '-u', str(REPO / 'tools' / 'train.py'), 'configs/x.py',
+        str(tmp_path / 'venv' / 'bin' / 'python'), '-u', str(REPO / 'tools' / 'train.py'),
+        'configs/x.py',
         '--work-dir=work_dirs/x', '--launcher=slurm', '--amp', '--cfg-options',
         'model.backbone.init_cfg.checkpoint=a b.pth']
     assert recorded['pythonpath'].split(':')[0] == str(REPO / 'tools' / '..')
@@ -56,7 +61,8 @@ def test_test_runs_test_py_with_the_slurm_launcher(tmp_path):
                                 ['part', 'job', 'configs/x.py', 'ckpt.pth', '--out', 'res.pkl'])
     assert proc.returncode == 0, proc.stderr
     assert recorded['argv'] == SRUN_DEFAULTS + [
-        'python', '-u', str(REPO / 'tools' / 'test.py'), 'configs/x.py', 'ckpt.pth',
+        str(tmp_path / 'venv' / 'bin' / 'python'), '-u', str(REPO / 'tools' / 'test.py'),
+        'configs/x.py', 'ckpt.pth',
         '--launcher=slurm', '--out', 'res.pkl']
 
 
