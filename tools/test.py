@@ -1,21 +1,42 @@
 """Evaluate a checkpoint with an mmpretrain, mmdet or mmseg config.
 
-Same command line as the upstream OpenMMLab tools::
+The command line of the upstream OpenMMLab tools; the config's ``default_scope`` decides
+what a scope-specific option means, as each upstream ``tools/test.py`` defines it::
 
-    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl]
-        [--show-dir DIR] [--show] [--cfg-options k=v ...] [--launcher pytorch]
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out PATH]
+        [--out-item {pred,metrics}] [--show-dir DIR] [--show] [--amp] [--no-pin-memory]
+        [--tta] [--cfg-options k=v ...] [--launcher pytorch]
+
+``--out``
+
+* mmpretrain: a file. ``--out-item pred`` (the default): the predictions, pickled
+  (``.pkl``); ``--out-item metrics``: the metrics, in the format its extension names
+  (``.json``, ``.yaml``/``.yml`` or ``.pkl``);
+* mmdet: the predictions, pickled (``.pkl``), masks RLE-encoded (mmdet's ``DumpDetResults``);
+* mmseg: a directory: the evaluator (its ``output_dir``) writes each image's predicted
+  segmentation map there as a PNG, and the metrics are computed as usual.
+
+``--amp`` runs the test loop under autocast (fp16 on CUDA, bf16 on a CPU);
+``--no-pin-memory`` turns ``pin_memory`` off in the test dataloader.
 """
 import argparse
 import os.path as osp
 
+import mmengine
+import torch
 from mmengine.config import Config, ConfigDict, DictAction
-from mmengine.evaluator import DumpResults
+from mmengine.dist import is_main_process
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import linvit_mm.engine  # noqa: F401
 from linvit_mm.engine.launch import (configure_device, default_work_dir, finalize_distributed,
                                      set_local_rank)
+from linvit_mm.engine.optim_wrapper import cpu_has_native_bf16
+
+PICKLE_SUFFIXES = ('.pkl', '.pickle')
+# what mmengine.dump writes, by extension
+METRIC_SUFFIXES = ('.json', '.yaml', '.yml') + PICKLE_SUFFIXES
 
 
 def parse_args(argv=None):
@@ -23,7 +44,17 @@ def parse_args(argv=None):
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--work-dir', help='the dir to save evaluation logs')
-    parser.add_argument('--out', help='dump predictions to this pickle file (.pkl)')
+    parser.add_argument('--out',
+                        help='mmpretrain / mmdet: the file the predictions (or, with '
+                        '--out-item metrics, the metrics) are written to; mmseg: the directory '
+                        'the predicted segmentation maps are written to')
+    parser.add_argument('--out-item', choices=['pred', 'metrics'],
+                        help='mmpretrain: what --out holds, the predictions (default) or the '
+                        'metrics')
+    parser.add_argument('--amp', action='store_true',
+                        help='test under autocast (fp16 on CUDA, bf16 on a CPU)')
+    parser.add_argument('--no-pin-memory', action='store_true',
+                        help='disable pin_memory in the test dataloader')
     parser.add_argument('--show-dir',
                         help='write visualised predictions (boxes, masks, segmentation maps, '
                         'labels) as images into this directory, relative to the work dir '
@@ -83,22 +114,87 @@ def merge_args(cfg, args):
         cfg.tta_model.module = cfg.model
         cfg.model = cfg.tta_model
         cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+
+    if args.amp:
+        # mmengine's test loop autocasts when fp16 is set: fp16 on CUDA, bf16 on a CPU
+        cfg.test_cfg = ConfigDict(cfg.get('test_cfg') or {})
+        cfg.test_cfg.fp16 = True
+    if args.no_pin_memory and cfg.get('test_dataloader') is not None:
+        cfg.test_dataloader.pin_memory = False
     return cfg
+
+
+def output_kind(cfg, args):
+    """What ``--out`` / ``--out-item`` ask of this config's scope, checked before anything
+    runs: ``None``, ``'predictions'``, ``'det_predictions'``, ``'metrics'`` or
+    ``'seg_maps'``."""
+    scope = cfg.get('default_scope')
+    if args.out is None:
+        if args.out_item is not None:
+            raise ValueError('--out-item needs --out, the file to write the '
+                             f'{"metrics" if args.out_item == "metrics" else "predictions"} to')
+        return None
+    if args.out_item is not None and scope != 'mmpretrain':
+        meaning = ('is the directory for the predicted maps' if scope == 'mmseg' else
+                   'dumps the predictions')
+        raise ValueError(f'--out-item is an option of mmpretrain configs; this config is '
+                         f'{scope!r}, where --out {meaning}: leave --out-item out')
+    if scope == 'mmseg':
+        if args.out.endswith(PICKLE_SUFFIXES) or osp.isfile(args.out):
+            raise ValueError(f'--out {args.out}: for mmseg configs --out is a directory, where '
+                             f'the predicted segmentation maps are written as PNG files (mmseg '
+                             f'1.x); give a directory path')
+        return 'seg_maps'
+    if args.out_item == 'metrics':
+        if not args.out.endswith(METRIC_SUFFIXES):
+            raise ValueError(f'--out {args.out} --out-item metrics: the metrics are written in '
+                             f'the format of the extension; use one of '
+                             f'{", ".join(METRIC_SUFFIXES)}')
+        return 'metrics'
+    if not args.out.endswith(PICKLE_SUFFIXES):
+        raise ValueError(f'--out {args.out}: the predictions are pickled; use a .pkl file'
+                         + (' (or --out-item metrics for the metrics)'
+                            if scope == 'mmpretrain' else ''))
+    return 'det_predictions' if scope == 'mmdet' else 'predictions'
+
+
+def write_segmentation_maps(cfg, out_dir):
+    """mmseg's ``--out``: the evaluator writes the predicted maps into ``out_dir``."""
+    evaluators = cfg.test_evaluator
+    for evaluator in evaluators if isinstance(evaluators, (list, tuple)) else [evaluators]:
+        evaluator['output_dir'] = out_dir
+        evaluator['keep_results'] = True
+
+
+def prediction_dumper(kind, out_file):
+    from mmengine.evaluator import DumpResults
+    if kind == 'det_predictions':
+        from mmdet.evaluation import DumpDetResults
+        return DumpDetResults(out_file_path=out_file)
+    return DumpResults(out_file_path=out_file)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.out is not None and not args.out.endswith(('.pkl', '.pickle')):
-        raise ValueError('--out must be a .pkl file')
     cfg = merge_args(Config.fromfile(args.config), args)
+    out_kind = output_kind(cfg, args)
+    if out_kind == 'seg_maps':
+        write_segmentation_maps(cfg, args.out)
     notes = configure_device(cfg, args.launcher)
+    if args.amp and not torch.cuda.is_available():
+        notes.append('--amp on a CPU: bf16 autocast' + (
+            '; this CPU has no native bf16 arithmetic, so it is emulated and slower than fp32'
+            if cpu_has_native_bf16() is False else ''))
     try:
         runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
         for note in notes:
             runner.logger.info(note)
-        if args.out is not None:
-            runner.test_evaluator.metrics.append(DumpResults(out_file_path=args.out))
+        if out_kind in ('predictions', 'det_predictions'):
+            runner.test_evaluator.metrics.append(prediction_dumper(out_kind, args.out))
         metrics = runner.test()
+        if out_kind == 'metrics' and is_main_process():
+            mmengine.dump(metrics, args.out)
+            runner.logger.info(f'metrics written to {args.out}')
     finally:
         finalize_distributed()
     return metrics
