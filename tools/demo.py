@@ -35,10 +35,21 @@ SEG_CONFIG = 'upernet_linvit-adapter-relu-mini_mini-ade.py'
 # Lines of the tools' logs worth showing while a stage runs.
 PROGRESS = re.compile(r'Iter\(train\)|Epoch\(train\)|accuracy/top1|bbox_mAP_copypaste|'
                       r'segm_mAP_copypaste|mIoU: |Error|error:')
+# Fields of those lines left out of the console (the log file keeps them); mmengine's eta
+# stays, it says how long the stage has left.
+HIDDEN_FIELDS = re.compile(r'\s+(base_lr|data_time|grad_norm): \S+')
 
 
 def log(message):
     print(f'[demo {time.strftime("%H:%M:%S")}] {message}', flush=True)
+
+
+def shown_line(line):
+    """What the console shows of a line of a tool's log: a progress line without the
+    logger's prefix and the ``HIDDEN_FIELDS``, or ``None`` for the other lines."""
+    if not PROGRESS.search(line):
+        return None
+    return HIDDEN_FIELDS.sub('', line.rstrip().split(' - INFO - ')[-1])
 
 
 def run_tool(args, log_path, show=True):
@@ -52,10 +63,9 @@ def run_tool(args, log_path, show=True):
         for line in proc.stdout:
             log_file.write(line)
             lines.append(line)
-            if show and PROGRESS.search(line):
-                message = line.rstrip().split(' - INFO - ')[-1]
-                print('    ' + re.sub(r'\s+(base_lr|eta|data_time|grad_norm): \S+', '', message),
-                      flush=True)
+            shown = shown_line(line) if show else None
+            if shown is not None:
+                print('    ' + shown, flush=True)
         proc.wait()
     if proc.returncode != 0:
         tail = ''.join(lines[-30:])
