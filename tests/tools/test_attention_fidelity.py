@@ -85,8 +85,10 @@ def run_tool(config, checkpoint, out_dir, *extra):
                           '--out-dir', str(out_dir), *map(str, extra)])
 
 
-def test_copy_of_the_teacher_agrees_exactly(students, tmp_path):
+def test_copy_of_the_teacher_agrees_exactly(students, tmp_path, capsys):
     rows = run_tool(*students['copy'], tmp_path)
+    batches = -(-NUM_IMAGES // 4)  # the default batch size
+    assert f'] {batches}/{batches}, ' in capsys.readouterr().out  # mmengine's progress bar
     assert [row['block'] for row in rows] == [0, 1]
     for row in rows:
         assert row['cos_attn'] == pytest.approx(1, abs=1e-9)

@@ -45,6 +45,7 @@ import argparse
 import csv
 import os
 import os.path as osp
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -389,6 +390,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    from mmengine.utils import track_iter_progress
+
     import linvit_mm.engine  # noqa: F401  (registers the hook, installs the safe loader)
     import linvit_mm.models  # noqa: F401
     cfg = load_config(args.config, args.cfg_options)
@@ -402,9 +405,12 @@ def main(argv=None):
     patch_only = bool(hook.get('patch_tokens_only')) or not getattr(student, 'with_cls_token',
                                                                     True)
     samples = packed_samples(cfg, args.images, args.num_images)
-    rows = compare(student, teacher,
-                   preprocessed_batches(model, samples, args.batch_size, args.device),
-                   patch_only)
+    num_batches = -(-len(samples) // args.batch_size)
+    print(f'comparing {len(samples)} images, {num_batches} batches of up to {args.batch_size}')
+    batches = track_iter_progress(
+        (preprocessed_batches(model, samples, args.batch_size, args.device), num_batches),
+        file=sys.stdout)
+    rows = compare(student, teacher, batches, patch_only)
 
     os.makedirs(args.out_dir, exist_ok=True)
     csv_path = osp.join(args.out_dir, 'fidelity.csv')
