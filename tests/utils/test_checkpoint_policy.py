@@ -1,8 +1,14 @@
 """Weight files load weights-only; mmengine run checkpoints load too; code never runs."""
+import argparse
+import io
 import pickle
+import zipfile
+from collections import OrderedDict
 
+import numpy as np
 import pytest
 import torch
+from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from linvit_mm.utils import checkpoint as policy
@@ -41,9 +47,6 @@ def test_plain_weights_load(tmp_path):
 
 @pytest.mark.parametrize('payload', ['open', 'getattr-other-class', 'getattr-private'])
 def test_code_carrying_pickles_are_refused_and_never_run(tmp_path, payload):
-    from collections import OrderedDict
-
-    from mmengine.logging import HistoryBuffer
     marker = tmp_path / 'pwned'
     evil = {'open': Payload(marker),
             'getattr-other-class': GetattrPayload(OrderedDict, 'fromkeys'),
@@ -58,8 +61,6 @@ def test_code_carrying_pickles_are_refused_and_never_run(tmp_path, payload):
 
 
 def test_mmengine_run_checkpoint_loads_without_trusting_anything(tmp_path):
-    import numpy as np
-    from mmengine.logging import HistoryBuffer
     buffer = HistoryBuffer()
     buffer.update(np.float64(0.5))
     buffer.update(1.5)
@@ -80,3 +81,168 @@ def test_mmengine_run_checkpoint_loads_without_trusting_anything(tmp_path):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match='nope.pth'):
         CheckpointLoader.load_checkpoint(str(tmp_path / 'nope.pth'))
+
+
+def test_training_args_and_numpy_arrays_load(tmp_path):
+    path = tmp_path / 'deit_checkpoint.pth'
+    torch.save({'model': {'w': torch.ones(1)}, 'args': argparse.Namespace(model='deit', lr=5e-4),
+                'stats': np.arange(3.)}, path)
+    ckpt = policy.load_checkpoint_file(path)
+    assert isinstance(ckpt['args'], argparse.Namespace) and ckpt['args'].model == 'deit'
+    assert np.array_equal(ckpt['stats'], np.arange(3.))
+
+
+def test_numpy_1_module_names_load(tmp_path):
+    """numpy 1.x pickles its reconstructors as numpy.core.multiarray, numpy 2.x as
+    numpy._core.multiarray; run checkpoints of either load."""
+    buffer = io.BytesIO()
+    torch.save({'seed': np.int64(3), 'stats': np.arange(3.)}, buffer)
+    pkl = read_pickle(buffer.getvalue())
+    numpy2 = b'numpy._core.multiarray\n'
+    assert numpy2 in pkl
+    path = tmp_path / 'numpy1.pth'
+    write_checkpoint(path, pkl.replace(numpy2, b'numpy.core.multiarray\n'))
+    ckpt = policy.load_checkpoint_file(path)
+    assert ckpt['seed'] == 3 and np.array_equal(ckpt['stats'], np.arange(3.))
+
+
+def test_refusal_names_the_global(tmp_path):
+    torch.save({'evil': Payload(tmp_path / 'pwned')}, tmp_path / 'evil.pth')
+    with pytest.raises(policy.UnsafeCheckpointError,
+                       match=r"it pickles 'io\.open', which the loader does not allow"):
+        policy.load_checkpoint_file(tmp_path / 'evil.pth')
+
+
+def test_allow_list_is_left_as_it_was(tmp_path):
+    """The run-checkpoint types are allowed during a load only; what the caller had allowed
+    before stays allowed."""
+    saved = torch.serialization.get_safe_globals()
+    path = tmp_path / 'run.pth'
+    torch.save({'args': argparse.Namespace(seed=0)}, path)
+    try:
+        torch.serialization.add_safe_globals([np.ndarray])
+        policy.load_checkpoint_file(path)
+        allowed = torch.serialization.get_safe_globals()
+        assert np.ndarray in allowed and argparse.Namespace not in allowed
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(path, weights_only=True)
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(saved)
+
+
+# ---------------------------------------------------------------- hand-made pickles
+# Each attack names only classes and functions the loader allows, and then changes one of
+# them for the whole process through the pickle BUILD step (state set on the object below it
+# on the stack) or by calling a method the loader never meant to call.
+
+def read_pickle(archive):
+    """The ``data.pkl`` record of a ``torch.save`` archive."""
+    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+        return zf.read(next(n for n in zf.namelist() if n.endswith('/data.pkl')))
+
+
+def write_checkpoint(path, pkl):
+    """A ``torch.save`` archive whose pickle is ``pkl``."""
+    template = io.BytesIO()
+    torch.save({}, template)
+    with zipfile.ZipFile(template) as src, zipfile.ZipFile(path, 'w') as dst:
+        for name in src.namelist():
+            dst.writestr(name, pkl if name.endswith('/data.pkl') else src.read(name))
+
+
+def global_(module, name):
+    return b'c' + f'{module}\n{name}\n'.encode()
+
+
+def string(text):
+    data = text.encode()
+    return b'X' + len(data).to_bytes(4, 'little') + data
+
+
+def attributes(**attrs):
+    """A dict of ``attrs`` (values None or one-tuples of ints) as pickle opcodes."""
+    body = b''
+    for key, value in attrs.items():
+        body += string(key) + (b'N' if value is None else b'K' + bytes([value[0]]) + b'\x85')
+        body += b's'
+    return b'}' + body
+
+
+def build(target, state):
+    """``target`` (opcodes that push an object), then BUILD with ``state``, then STOP."""
+    return b'\x80\x02' + target + state + b'b.'
+
+
+def slotstate(**attrs):
+    """The ``(None, slotstate)`` form of a BUILD state: pickle calls setattr for each item."""
+    return b'N' + attributes(**attrs) + b'\x86'
+
+
+HISTORY_BUFFER = global_('mmengine.logging.history_buffer', 'HistoryBuffer')
+# protocol 2 names builtins __builtin__, as torch.save writes them
+GETATTR_MEAN = global_('__builtin__', 'getattr') + HISTORY_BUFFER + string('mean') + b'\x86R'
+REGISTER_ORDERED_DICT = (global_('__builtin__', 'getattr') + HISTORY_BUFFER
+                         + string('register_statistics') + b'\x86R'
+                         + global_('collections', 'OrderedDict') + b'\x85R.')
+
+# name: (pickle, the object it changes, the attribute it changes)
+ATTACKS = {
+    'namespace_dict': (build(global_('argparse', 'Namespace'), attributes(__init__=None)),
+                       argparse.Namespace, '__init__'),
+    'namespace_slotstate': (build(global_('argparse', 'Namespace'), slotstate(__init__=None)),
+                            argparse.Namespace, '__init__'),
+    'history_buffer_class': (build(HISTORY_BUFFER, slotstate(update=None)), HistoryBuffer,
+                             'update'),
+    'ordered_dict_class': (build(global_('collections', 'OrderedDict'),
+                                 slotstate(fromkeys=None)), OrderedDict, 'fromkeys'),
+    'numpy_dtype_class': (build(global_('numpy', 'dtype'), slotstate(newbyteorder=None)),
+                          np.dtype, 'newbyteorder'),
+    'numpy_dtype_subclass': (build(global_('numpy.dtypes', 'Float64DType'),
+                                   slotstate(newbyteorder=None)),
+                             np.dtypes.Float64DType, 'newbyteorder'),
+    'history_buffer_method': (build(GETATTR_MEAN, slotstate(__defaults__=(1, ))),
+                              HistoryBuffer.mean, '__defaults__'),
+    'torch_function': (build(global_('torch._utils', '_rebuild_tensor_v2'),
+                             slotstate(__defaults__=(1, ))),
+                       torch._utils._rebuild_tensor_v2, '__defaults__'),
+}
+
+
+ABSENT = object()
+
+
+def snapshot(owner, attribute):
+    """A class's own attribute (ABSENT where it inherits it), or a function's."""
+    if isinstance(owner, type):
+        return vars(owner).get(attribute, ABSENT)
+    return getattr(owner, attribute)
+
+
+@pytest.mark.parametrize('attack', list(ATTACKS))
+def test_build_on_a_class_or_function_is_refused(tmp_path, attack):
+    pkl, owner, attribute = ATTACKS[attack]
+    before = snapshot(owner, attribute)
+    path = tmp_path / f'{attack}.pth'
+    write_checkpoint(path, pkl)
+    with pytest.raises(policy.UnsafeCheckpointError, match='refusing to unpickle'):
+        CheckpointLoader.load_checkpoint(str(path))
+    assert snapshot(owner, attribute) is before
+
+
+def test_namespace_attack_works_on_an_unrestricted_unpickler():
+    """The hand-made pickle is a real attack: plain ``pickle`` runs it."""
+    original = argparse.Namespace.__init__
+    try:
+        pickle.loads(ATTACKS['namespace_slotstate'][0])
+        assert argparse.Namespace.__init__ is None
+    finally:
+        argparse.Namespace.__init__ = original
+
+
+def test_calling_a_class_method_reached_through_getattr_is_refused(tmp_path):
+    path = tmp_path / 'register.pth'
+    write_checkpoint(path, b'\x80\x02' + REGISTER_ORDERED_DICT)
+    with pytest.raises(policy.UnsafeCheckpointError, match='refusing to unpickle'):
+        policy.load_checkpoint_file(path)
+    assert 'OrderedDict' not in HistoryBuffer._statistics_methods
