@@ -44,7 +44,10 @@ def test_times_each_operator_and_splits_the_time(tmp_path, capsys, one_thread):
     assert passed == all(row['total_ms'] < rows[0]['total_ms'] for row in rows[1:])
     with open(out) as f:
         assert [r['operator'] for r in csv.DictReader(f)] == ['softmax', 'relu', 'mhla']
-    assert '| relu |' in capsys.readouterr().out
+    assert (tmp_path / 'adapter.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    printed = capsys.readouterr().out
+    assert '| relu |' in printed and f'wrote {out} and {tmp_path / "adapter.png"}' in printed
+    assert 'issue' not in printed.lower()
 
 
 def test_target_needs_every_linear_operator_faster():

@@ -50,8 +50,10 @@ def test_measures_both_kinds_of_step(tmp_path, capsys, attn_type, one_thread):
     assert losses['loss'] == pytest.approx(losses['loss_distill'] + losses['loss_task'])
     record = json.loads(out.read_text())
     assert record['attn_type'] == attn_type and record['ratio'] == result['ratio']
+    assert (tmp_path / 'distill.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     report = capsys.readouterr().out
     assert 'ratio with/without' in report and ('PASS' in report or 'FAIL' in report)
+    assert f'wrote {out} and {tmp_path / "distill.png"}' in report
 
 
 def test_hook_is_detached_after_the_run():
