@@ -14,7 +14,7 @@ def mini_data_root(tmp_path_factory):
     ``make_mini_all(mini_data_root)`` returns their summaries (class names, annotation
     files, data prefixes) at no cost, as the sets are already there.
     """
-    from linvit_mm.datasets.mini_data import make_mini_all
+    from linvit_mm.testing.mini_data import make_mini_all
     root = tmp_path_factory.mktemp('mini_data')
     make_mini_all(root)
     return root

@@ -155,7 +155,7 @@ def main(argv=None):
 
     log(f'1/4 mini data sets -> {args.data_root}')
     sys.path.insert(0, REPO)
-    from linvit_mm.datasets.mini_data import make_mini_all, make_mini_imagenet
+    from linvit_mm.testing.mini_data import make_mini_all, make_mini_imagenet
     summaries = make_mini_all(args.data_root)
     shapes = osp.join(args.data_root, 'imagenet_large')
     summaries['imagenet_large'] = make_mini_imagenet(shapes, **TEACHER_SET)

@@ -12,7 +12,7 @@ _base_ = [
 
 data_root = 'data/mini/ade'
 # mmseg accepts only a subset of ADE20K's names as a class override: the mini set's
-# background and five shapes stand in for the first six (linvit_mm.datasets.mini_data).
+# background and five shapes stand in for the first six (linvit_mm.testing.mini_data).
 metainfo = dict(classes=('wall', 'building', 'sky', 'floor', 'tree', 'ceiling'))
 norm_cfg = dict(type='BN', requires_grad=True)
 model = dict(

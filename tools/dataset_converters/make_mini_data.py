@@ -9,7 +9,7 @@ Sets already written with the same parameters are left as they are.
 """
 import argparse
 
-from linvit_mm.datasets.mini_data import SET_GROUPS, make_mini_all
+from linvit_mm.testing.mini_data import SET_GROUPS, make_mini_all
 
 
 def parse_args(argv=None):

@@ -1,5 +1,9 @@
-"""Numerical comparison helpers shared by the tests and the analysis tools."""
+"""What the tests, the demo and the analysis tools share: numerical comparison here, and the
+generated mini datasets in :mod:`linvit_mm.testing.mini_data` (import it by that name; it
+needs PIL, these helpers only torch)."""
 import torch
+
+__all__ = ['assert_rel_close', 'rel_error']
 
 
 def rel_error(actual, expected):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from linvit_mm.datasets.mini_data import (ADE20K_LEADING_CLASSES, MARKER_FILE, MINI_SETS,
-                                          make_mini_ade, make_mini_all, make_mini_coco,
-                                          make_mini_imagenet)
+from linvit_mm.testing.mini_data import (ADE20K_LEADING_CLASSES, MARKER_FILE, MINI_SETS,
+                                         make_mini_ade, make_mini_all, make_mini_coco,
+                                         make_mini_imagenet)
 
 
 def tree_digest(root):
@@ -37,7 +37,7 @@ def test_import_registers_nothing_downstream():
     # The writers must not import (and so register into) the task libraries. The package
     # linvit_mm.datasets does import mmpretrain (it registers STL10, ImageNetV2), so the
     # module is loaded by its file path, without its package.
-    import linvit_mm.datasets.mini_data as mini_data
+    import linvit_mm.testing.mini_data as mini_data
     code = ('import importlib.util, sys; '
             f'spec = importlib.util.spec_from_file_location("mini_data", {mini_data.__file__!r}); '
             'spec.loader.exec_module(importlib.util.module_from_spec(spec)); '
