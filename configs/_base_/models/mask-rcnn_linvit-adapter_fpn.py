@@ -1,5 +1,5 @@
-# Mask R-CNN + FPN with a ViT-Adapter around LinearViT (DESIGN.md §5). The detection configs
-# choose the operator, the size and the classification-stage checkpoint.
+# Mask R-CNN + FPN with a ViT-Adapter around LinearViT (configs/detection/README.md). The
+# detection configs choose the operator, the size and the classification-stage checkpoint.
 _base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py']
 
 custom_imports = dict(

@@ -1,5 +1,5 @@
-# UperNet with a ViT-Adapter around LinearViT (DESIGN.md §5). The segmentation configs
-# choose the operator, the size and the classification-stage checkpoint.
+# UperNet with a ViT-Adapter around LinearViT (configs/segmentation/README.md). The
+# segmentation configs choose the operator, the size and the classification-stage checkpoint.
 _base_ = ['mmseg::_base_/models/upernet_r50.py']
 
 custom_imports = dict(
@@ -29,5 +29,5 @@ model = dict(
         checkpoint_prefix='backbone.'),
     decode_head=dict(in_channels=[384, 384, 384, 384], num_classes=150, norm_cfg=norm_cfg),
     auxiliary_head=dict(in_channels=384, num_classes=150, norm_cfg=norm_cfg),
-    # DESIGN.md §5: sliding-window test on 512 x 512 crops.
+    # the recipe tests with a sliding window of 512 x 512 crops
     test_cfg=dict(mode='slide', crop_size=(512, 512), stride=(341, 341)))

@@ -1,8 +1,8 @@
-# ADE20K UperNet 160k (DESIGN.md §5): AdamW lr 6e-5 (Tiny: 12e-5), wd 0.01, layer-wise lr
-# decay 0.95 over the ViT blocks (BackboneLayerDecayOptimWrapperConstructor reads the
-# backbone's get_layer_depth), 1500-iteration linear warm-up then poly decay, 16 images
-# a batch. No weight decay on position embeddings, the class token, norms, biases or the
-# adapter's level embeddings.
+# ADE20K UperNet 160k (configs/segmentation/README.md): AdamW lr 6e-5 (Tiny: 12e-5), wd 0.01,
+# layer-wise lr decay 0.95 over the ViT blocks (BackboneLayerDecayOptimWrapperConstructor
+# reads the backbone's get_layer_depth), 1500-iteration linear warm-up then poly decay, 16
+# images a batch. No weight decay on position embeddings, the class token, norms, biases or
+# the adapter's level embeddings.
 _base_ = ['mmseg::_base_/schedules/schedule_160k.py']
 
 optim_wrapper = dict(

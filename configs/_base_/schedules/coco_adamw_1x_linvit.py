@@ -1,6 +1,7 @@
-# COCO Mask R-CNN 1x (DESIGN.md §5): AdamW lr 1e-4, wd 0.05 (Tiny: 2e-4, 0.01), 12 epochs,
-# steps at 8 and 11, 500-iteration warm-up, 16 images a batch. No weight decay on position
-# embeddings, the class token, norms, biases or the adapter's level embeddings.
+# COCO Mask R-CNN 1x (configs/detection/README.md): AdamW lr 1e-4, wd 0.05 (Tiny: 2e-4,
+# 0.01), 12 epochs, steps at 8 and 11, 500-iteration warm-up, 16 images a batch. No weight
+# decay on position embeddings, the class token, norms, biases or the adapter's level
+# embeddings.
 _base_ = ['mmdet::_base_/schedules/schedule_1x.py']
 
 optim_wrapper = dict(
