@@ -36,7 +36,9 @@ class HedgehogAttention(LinearMapAttention):
     operator-specific and keeps its identity initialisation through a transfer. Queries and
     keys are not scaled by ``d^-1/2``: a scaled identity ``W`` is a temperature, which
     training learns, and neither feature map is homogeneous, so a fixed scale would be an
-    arbitrary choice of starting point.
+    arbitrary choice of starting point. Leave ``feature_proj`` out of weight decay
+    (``paramwise_cfg=dict(custom_keys={'.feature_proj': dict(decay_mult=0.)})``): decay
+    pulls ``W`` towards zero, a flat map, not towards its identity start.
 
     **How it is computed.** Write ``L(x)`` for the log-features (``[xW, -xW]``, or the
     log-softmax of each half), so ``phi = exp(L)`` and, with
