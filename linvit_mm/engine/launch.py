@@ -95,10 +95,10 @@ def add_training_safeguards(cfg):
       written to a temporary file and renamed, so a killed save never leaves a partial
       ``*.pth``.
 
-    A config keeps anything it sets itself. (These live here rather than in the
-    project's base configs because every leaf config lists the upstream
-    ``default_runtime.py`` beside them, and mmengine refuses a key, such as
-    ``default_hooks``, that two sibling bases both define.)
+    A config keeps anything it sets itself. ``tools/train.py`` calls this for every
+    config, the project's and users' alike; base configs cannot always carry them,
+    since mmengine refuses ``default_hooks`` in a base that sits beside the upstream
+    ``default_runtime.py`` in a config's ``_base_`` list (a key two sibling bases define).
     """
     notes = []
     if cfg.get('default_hooks') is None:
@@ -116,9 +116,11 @@ def add_training_safeguards(cfg):
     if 'checkpoint' not in default_hooks:
         default_hooks['checkpoint'] = dict(type='CheckpointHook', interval=1)  # mmengine's
     checkpoint = default_hooks['checkpoint']
-    target = str(checkpoint.get('out_dir') or cfg.get('work_dir') or '') if checkpoint else ''
-    if (isinstance(checkpoint, dict) and checkpoint.get('backend_args') is None
-            and checkpoint.get('file_client_args') is None and '://' not in target):
+    if not isinstance(checkpoint, dict):  # None (no checkpoints) or a built hook
+        return notes
+    target = str(checkpoint.get('out_dir') or cfg.get('work_dir') or '')
+    if (checkpoint.get('backend_args') is None and checkpoint.get('file_client_args') is None
+            and '://' not in target):
         checkpoint['backend_args'] = dict(ATOMIC_CHECKPOINTS)
         notes.append(f'checkpoints written atomically (default_hooks.checkpoint.backend_args='
                      f'{ATOMIC_CHECKPOINTS}: a temporary file, then a rename)')

@@ -45,6 +45,16 @@ def test_switched_off_deliberately_stays_off():
                      '(default_hooks.check_loss=None)']
 
 
+def test_built_hook_objects_are_left_as_they_are():
+    from mmengine.hooks import CheckpointHook
+
+    from linvit_mm.engine import FiniteLossHook
+    checkpoint, check = CheckpointHook(interval=2), FiniteLossHook()
+    cfg = config(default_hooks=dict(checkpoint=checkpoint), custom_hooks=[check])
+    assert add_training_safeguards(cfg) == []
+    assert cfg.default_hooks.checkpoint is checkpoint and checkpoint.backend_args is None
+
+
 def test_no_default_hooks_at_all():
     cfg = config()
     add_training_safeguards(cfg)
