@@ -1,17 +1,6 @@
-_base_ = [
-    '../_base_/models/mask-rcnn_linvit-adapter_fpn.py',
-    'mmdet::_base_/datasets/coco_instance.py',
-    '../_base_/schedules/coco_adamw_1x_linvit.py',
-    'mmdet::_base_/default_runtime.py',
-]
+_base_ = './_base_/mask-rcnn_linvit-adapter-tiny_fpn_1x_coco.py'
 
-# Classification-stage checkpoint: what
-#   tools/train.py configs/classification/imagenet/linvit-relu-tiny_fullcopy-distill_32xb128_in1k.py
-# writes by default (override: --cfg-options model.backbone.pretrained=PATH).
+# The ImageNet-stage checkpoint: what tools/train.py writes for
+#   configs/classification/imagenet/linvit-relu-tiny_fullcopy-distill_32xb128_in1k.py
 linvit_checkpoint = 'work_dirs/linvit-relu-tiny_fullcopy-distill_32xb128_in1k/epoch_300.pth'
-model = dict(
-    backbone=dict(
-        vit=dict(arch='tiny', attn_type='relu', drop_path_rate=0.1),
-        pretrained=linvit_checkpoint),
-    neck=dict(in_channels=[192, 192, 192, 192]))
-optim_wrapper = dict(optimizer=dict(lr=2e-4, weight_decay=0.01))
+model = dict(backbone=dict(vit=dict(attn_type='relu'), pretrained=linvit_checkpoint))

@@ -1,16 +1,6 @@
-_base_ = [
-    '../_base_/models/mask-rcnn_linvit-adapter_fpn.py',
-    'mmdet::_base_/datasets/coco_instance.py',
-    '../_base_/schedules/coco_adamw_1x_linvit.py',
-    'mmdet::_base_/default_runtime.py',
-]
+_base_ = './_base_/mask-rcnn_linvit-adapter-small_fpn_1x_coco.py'
 
-# Classification-stage checkpoint: what
-#   tools/train.py configs/classification/imagenet/linvit-softmax-small_fullcopy_32xb128_in1k.py
-# writes by default (override: --cfg-options model.backbone.pretrained=PATH).
+# The ImageNet-stage checkpoint: what tools/train.py writes for
+#   configs/classification/imagenet/linvit-softmax-small_fullcopy_32xb128_in1k.py
 linvit_checkpoint = 'work_dirs/linvit-softmax-small_fullcopy_32xb128_in1k/epoch_300.pth'
-model = dict(
-    backbone=dict(
-        vit=dict(arch='small', attn_type='softmax', drop_path_rate=0.2),
-        pretrained=linvit_checkpoint),
-    neck=dict(in_channels=[384, 384, 384, 384]))
+model = dict(backbone=dict(vit=dict(attn_type='softmax'), pretrained=linvit_checkpoint))

@@ -1,19 +1,6 @@
-_base_ = [
-    '../_base_/models/upernet_linvit-adapter.py',
-    'mmseg::_base_/datasets/ade20k.py',
-    '../_base_/schedules/ade20k_adamw_160k_linvit.py',
-    'mmseg::_base_/default_runtime.py',
-]
+_base_ = './_base_/upernet_linvit-adapter-small_8xb2-160k_ade20k-512x512.py'
 
-# Classification-stage checkpoint: what
-#   tools/train.py configs/classification/imagenet/linvit-ttt-small_fullcopy-distill_32xb128_in1k.py
-# writes by default (override: --cfg-options model.backbone.pretrained=PATH).
+# The ImageNet-stage checkpoint: what tools/train.py writes for
+#   configs/classification/imagenet/linvit-ttt-small_fullcopy-distill_32xb128_in1k.py
 linvit_checkpoint = 'work_dirs/linvit-ttt-small_fullcopy-distill_32xb128_in1k/epoch_300.pth'
-model = dict(
-    backbone=dict(
-        vit=dict(arch='small', attn_type='ttt', drop_path_rate=0.2),
-        pretrained=linvit_checkpoint),
-    decode_head=dict(in_channels=[384, 384, 384, 384]),
-    auxiliary_head=dict(in_channels=384))
-# 8 GPUs x 2 images; multi-scale test: tools/test.py CONFIG CKPT --tta
-train_dataloader = dict(batch_size=2)
+model = dict(backbone=dict(vit=dict(attn_type='ttt'), pretrained=linvit_checkpoint))

@@ -1,16 +1,9 @@
 _base_ = [
-    '../../_base_/models/linvit/linvit-inline-base.py',
-    '../../_base_/datasets/imagenet_bs128_linvit_224.py',
-    '../../_base_/schedules/imagenet_bs4096_adamw_300e_linvit.py',
-    'mmpretrain::_base_/default_runtime.py',
+    '../../_base_/models/linvit/linvit-base.py',
+    './_base_/32xb128_in1k.py',
 ]
 
 model = dict(
-    backbone=dict(init_cfg=dict(setting='fullcopy')),
-    head=dict(
-        init_cfg=[
-            dict(type='Constant', layer='Linear', val=0),
-            dict(type='SoftmaxTransfer', checkpoint={{_base_.softmax_checkpoint}},
-                 setting='fullcopy', prefix='head.'),
-        ]))
+    backbone=dict(attn_type='inline', init_cfg=dict(setting='fullcopy')),
+    head=dict(init_cfg={{_base_.fullcopy_head_init}}))
 custom_hooks = [{{_base_.distill_hook}}]

@@ -1,10 +1,7 @@
 _base_ = [
-    '../../_base_/models/linvit/linvit-ttt-base.py',
-    '../../_base_/datasets/imagenet_bs128_linvit_224.py',
-    '../../_base_/schedules/imagenet_bs4096_adamw_300e_linvit.py',
-    'mmpretrain::_base_/default_runtime.py',
+    '../../_base_/models/linvit/linvit-base.py',
+    './_base_/32xb128_in1k.py',
 ]
 
-model = dict(
-    backbone=dict(init_cfg=dict(setting='mlpcopy')))
+model = dict(backbone=dict(attn_type='ttt', init_cfg=dict(setting='mlpcopy')))
 custom_hooks = [{{_base_.distill_hook}}]

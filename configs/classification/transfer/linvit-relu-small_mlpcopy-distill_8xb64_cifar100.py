@@ -1,11 +1,9 @@
 _base_ = [
-    '../../_base_/models/linvit/linvit-relu-small.py',
-    '../../_base_/datasets/cifar100_bs64_linvit_224.py',
-    '../../_base_/schedules/transfer_bs512_adamw_300e_linvit.py',
-    'mmpretrain::_base_/default_runtime.py',
+    '../../_base_/models/linvit/linvit-small.py',
+    './_base_/8xb64_cifar100.py',
 ]
 
 model = dict(
-    backbone=dict(init_cfg=dict(setting='mlpcopy')),
-    head=dict(num_classes=100))
+    backbone=dict(attn_type='relu', init_cfg=dict(setting='mlpcopy')),
+    head=dict(num_classes={{_base_.num_classes}}))
 custom_hooks = [{{_base_.distill_hook}}]

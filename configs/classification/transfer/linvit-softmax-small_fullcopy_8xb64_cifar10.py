@@ -1,10 +1,8 @@
 _base_ = [
-    '../../_base_/models/linvit/linvit-softmax-small.py',
-    '../../_base_/datasets/cifar10_bs64_linvit_224.py',
-    '../../_base_/schedules/transfer_bs512_adamw_300e_linvit.py',
-    'mmpretrain::_base_/default_runtime.py',
+    '../../_base_/models/linvit/linvit-small.py',
+    './_base_/8xb64_cifar10.py',
 ]
 
 model = dict(
-    backbone=dict(init_cfg=dict(setting='fullcopy')),
-    head=dict(num_classes=10))
+    backbone=dict(attn_type='softmax', init_cfg=dict(setting='fullcopy')),
+    head=dict(num_classes={{_base_.num_classes}}))

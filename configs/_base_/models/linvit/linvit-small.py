@@ -5,7 +5,8 @@ _base_ = ['./linvit-classifier.py']
 #   https://dl.fbaipublicfiles.com/deit/deit_small_patch16_224-cd65a155.pth
 # (any format of docs/transfer.md works). Put it here, or override per run with
 #   --cfg-options model.backbone.init_cfg.checkpoint=PATH \
-#                 custom_hooks.0.teacher.init_cfg.checkpoint=PATH
+#                 custom_hooks.0.teacher.init_cfg.checkpoint=PATH \
+#                 model.head.init_cfg.1.checkpoint=PATH  # the ImageNet FullCopy head
 softmax_checkpoint = 'checkpoints/deit_small_patch16_224-cd65a155.pth'
 
 model = dict(
@@ -29,3 +30,13 @@ distill_hook = dict(
         img_size=224,
         init_cfg=dict(
             type='SoftmaxTransfer', checkpoint=softmax_checkpoint, setting='fullcopy')))
+
+# Used by the ImageNet "fullcopy" configs, head=dict(init_cfg={{_base_.fullcopy_head_init}}):
+# FullCopy copies every tensor whose name and shape match, and on ImageNet-1K that includes
+# the 1000-class head. The head's own default (zero weights) comes first, as the copy
+# replaces only what it copies.
+fullcopy_head_init = [
+    dict(type='Constant', layer='Linear', val=0),
+    dict(type='SoftmaxTransfer', checkpoint=softmax_checkpoint, setting='fullcopy',
+         prefix='head.'),
+]

@@ -1,3 +1,0 @@
-_base_ = ['./linvit-tiny.py']
-
-model = dict(backbone=dict(attn_type='elu'))

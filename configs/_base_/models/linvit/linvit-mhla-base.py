@@ -1,3 +1,0 @@
-_base_ = ['./linvit-base.py']
-
-model = dict(backbone=dict(attn_type='mhla'))

@@ -1,9 +1,0 @@
-# Evaluate the ImageNet-1K model of ../imagenet/linvit-mhla-small_mlpcopy-distill_32xb128_in1k.py on ImageNet-Sketch:
-#   tools/test.py THIS_CONFIG work_dirs/linvit-mhla-small_mlpcopy-distill_32xb128_in1k/epoch_300.pth
-_base_ = [
-    '../imagenet/linvit-mhla-small_mlpcopy-distill_32xb128_in1k.py',
-    '../../_base_/datasets/imagenet_robustness_224.py',
-]
-
-test_dataloader = dict(dataset={{_base_.imagenet_sketch_dataset}})
-test_evaluator = {{_base_.imagenet_sketch_evaluator}}

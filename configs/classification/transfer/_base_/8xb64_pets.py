@@ -1,0 +1,10 @@
+# The transfer recipe of the paper (Table C) on Oxford-IIIT Pets: data, schedule and runtime.
+# A config adds a size base and names the operator and the setting; its head takes
+# num_classes, the data set's. See README.md in the folder above.
+_base_ = [
+    '../../../_base_/datasets/pets_bs64_linvit_224.py',
+    '../../../_base_/schedules/transfer_bs512_adamw_600e_linvit.py',
+    'mmpretrain::_base_/default_runtime.py',
+]
+
+num_classes = {{_base_.data_preprocessor.num_classes}}
