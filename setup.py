@@ -32,10 +32,12 @@ def parse_requirements(fname):
 
 
 def add_mim_extension():
-    """Expose configs/ and tools/ under linvit_mm/.mim, as OpenMMLab packages do.
+    """Expose configs/, tools/ and model-index.yml under linvit_mm/.mim, as OpenMMLab
+    packages do.
 
-    mim and mmengine look up ``linvit_mm::path/to/config.py`` there. An editable
-    install links the folders (edits show at once); a wheel or sdist copies them.
+    mim (list, search, train, test) and mmengine (``linvit_mm::path/to/config.py``) look
+    there; mmengine reads model-index.yml before it looks for a config. An editable install
+    links them (edits show at once); a wheel or sdist copies them.
     """
     if any(cmd in sys.argv for cmd in ('develop', 'editable_wheel')):
         mode = 'symlink'
@@ -45,7 +47,7 @@ def add_mim_extension():
         return
     mim_path = osp.join(HERE, 'linvit_mm', '.mim')
     os.makedirs(mim_path, exist_ok=True)
-    for name in ('configs', 'tools'):
+    for name in ('configs', 'tools', 'model-index.yml'):
         src = osp.join(HERE, name)
         dst = osp.join(mim_path, name)
         if osp.isfile(dst) or osp.islink(dst):
@@ -56,8 +58,12 @@ def add_mim_extension():
             os.symlink(osp.relpath(src, mim_path), dst)
         else:
             if mode == 'symlink':
-                warnings.warn('no symlinks on Windows: copying configs and tools instead')
-            shutil.copytree(src, dst)
+                warnings.warn('no symlinks on Windows: copying configs, tools and '
+                              'model-index.yml instead')
+            if osp.isdir(src):
+                shutil.copytree(src, dst)
+            else:
+                shutil.copyfile(src, dst)
 
 
 if __name__ == '__main__':
@@ -72,7 +78,8 @@ if __name__ == '__main__':
         keywords='computer vision, vision transformer, linear attention, distillation',
         packages=find_packages(exclude=('configs', 'tools', 'tests', 'tests.*')),
         include_package_data=True,
-        package_data={'linvit_mm': ['.mim/configs/**/*', '.mim/tools/**/*', 'ops/csrc/*.cpp']},
+        package_data={'linvit_mm': ['.mim/configs/**/*', '.mim/tools/**/*',
+                                    '.mim/model-index.yml', 'ops/csrc/*.cpp']},
         # torch 2.14 needs 3.10; the code itself needs 3.9 (math.lcm, importlib.resources.files)
         python_requires='>=3.10',
         license='Apache License 2.0',

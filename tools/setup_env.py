@@ -309,11 +309,31 @@ def step_project(env, order):
         log('project: up to date')
         return
     log('project: installing linvit_mm in editable mode')
-    # compat mode leaves the repository itself on sys.path, which mmengine's
-    # get_installed_path needs to find configs/ for `linvit_mm::` config paths.
     env.pip('project', 'install', '--no-deps', '--no-build-isolation', '-e', REPO,
             '--config-settings', 'editable_mode=compat', env=pip_env())
+    link_package_for_mim(env)
     env.write_stamp('project', stamp)
+
+
+def link_package_for_mim(env):
+    """Make ``<site-packages>/linvit_mm`` lead to the source package.
+
+    mim (search, train, test) and mmengine find a package's ``.mim`` folder (configs, tools,
+    model-index.yml) under ``<location of its distribution>/<module>``. The editable install
+    of setuptools >= 80 leaves the distribution in site-packages and the code here, so that
+    path would not exist; the legacy ``setup.py develop`` layout they were written for gave
+    it. A link restores it; both paths lead to the same files.
+    """
+    purelib = Path(env.py('import sysconfig; print(sysconfig.get_paths()["purelib"])'))
+    link, target = purelib / 'linvit_mm', REPO / 'linvit_mm'
+    if link.is_symlink():
+        link.unlink()
+    elif link.exists():
+        raise StepFailed(f'{link} is not a link to {target}: remove that copy of linvit_mm '
+                         f'(pip uninstall linvit_mm) and run again')
+    link.symlink_to(target, target_is_directory=True)
+    env.py('import os.path as osp; from mim.utils import get_installed_path; '
+           'assert osp.isdir(osp.join(get_installed_path("linvit_mm"), ".mim", "configs"))')
 
 
 def step_cpu_kernels(env):

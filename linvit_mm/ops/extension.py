@@ -20,7 +20,10 @@ import warnings
 
 import torch
 
-CSRC = osp.join(osp.dirname(osp.abspath(__file__)), 'csrc')
+# The real path: torch's build file names the sources, and a process that imported the
+# package through a link (site-packages/linvit_mm, see tools/setup_env.py) would
+# otherwise make ninja rebuild what a process importing from the source tree built.
+CSRC = osp.join(osp.dirname(osp.realpath(__file__)), 'csrc')
 SOURCES = ('bindings.cpp', 'depthwise3x3.cpp', 'ttt_inner.cpp')
 KERNEL_DTYPES = (torch.float32, torch.float64)
 # The build is cached and may be reused on another CPU of the same user, so it targets the
