@@ -38,8 +38,8 @@ preprocessor makes the batch, and the very same tensor feeds student and teacher
 Example::
 
     python tools/analysis_tools/attention_fidelity.py \\
-        configs/classification/imagenet/linvit-relu-small_copy-distill_32xb128_in1k.py \\
-        work_dirs/linvit-relu-small_copy-distill/epoch_30.pth --num-images 16
+        configs/classification/imagenet/linvit-relu-small_fullcopy-distill_32xb128_in1k.py \\
+        work_dirs/linvit-relu-small_fullcopy-distill_32xb128_in1k/epoch_300.pth --num-images 16
 """
 import argparse
 import csv
