@@ -20,15 +20,16 @@ def bench():
     return module
 
 
-@pytest.mark.parametrize('size,tokens,issue_bound,backbone_bound',
-                         [(1024, 4096, 2.7, 2.679), (2048, 16384, 7.9, 7.799)],
+@pytest.mark.parametrize('size,tokens,block_bound,backbone_bound',
+                         [(1024, 4096, 2.70, 2.679), (2048, 16384, 7.89, 7.799)],
                          ids=['4096-tokens', '16384-tokens'])
-def test_relu_mac_bound_reproduces_issue(bench, size, tokens, issue_bound, backbone_bound):
-    # The issue quotes the per-block ratio; the table uses the whole backbone (patch
-    # embedding included), which is what the timings cover.
+def test_relu_mac_bound_per_block_and_backbone(bench, size, tokens, block_bound,
+                                               backbone_bound):
+    # The commonly quoted figures (about 2.7x and 7.9x) are per block; the table uses the
+    # whole backbone (patch embedding included), which is what the timings cover.
     assert (size // 16)**2 == tokens
     assert bench.mac_bound('relu', size, 'small', blocks_only=True) == pytest.approx(
-        issue_bound, abs=.1)
+        block_bound, abs=.005)
     assert bench.mac_bound('relu', size, 'small') == pytest.approx(backbone_bound, abs=.002)
 
 
