@@ -131,35 +131,55 @@ class HedgehogAttention(LinearMapAttention):
         weight = weight.to(dtype)
         return torch.cat([weight, -weight], dim=-1)
 
-    def log_features(self, x, signed_proj):
-        """``L(x)``, ``(B, heads, N, 2d)``, of ``(B, heads, N, d)`` heads, in their dtype."""
+    def log_features(self, x, signed_proj, in_place=False):
+        """``L(x)``, ``(B, heads, N, 2d)``, of ``(B, heads, N, d)`` heads, in their dtype;
+        ``in_place`` (no autograd) takes the log-softmax in the product's buffer."""
         signed = x @ signed_proj
         if self.feature_map == 'softmax':
-            signed = signed.unflatten(-1, (2, self.head_dims)).log_softmax(dim=-1).flatten(-2)
+            halves = signed.unflatten(-1, (2, self.head_dims))
+            if in_place:
+                torch.log_softmax(halves, dim=-1, out=halves)
+            else:
+                signed = halves.log_softmax(dim=-1).flatten(-2)
         return signed
 
-    def _key_features(self, log_k):
+    def _writable(self, in_place):
+        """Whether ``log_features``' result may be overwritten: autograd keeps log_softmax's
+        output for its backward, but not the product's."""
+        return in_place or self.feature_map == 'exp'
+
+    def _key_features(self, log_k, in_place=False):
         """``exp(L(k) - c)`` and ``c`` (per-feature maximum over the tokens, no gradient)."""
         with torch.no_grad():
             key_max = log_k.amax(dim=-2, keepdim=True)
-        # In place where autograd allows: the product's output is not saved for its
-        # backward, log_softmax's is.
-        shifted = log_k.sub_(key_max) if self.feature_map == 'exp' else log_k - key_max
+        shifted = log_k.sub_(key_max) if self._writable(in_place) else log_k - key_max
         return shifted.exp_(), key_max
 
     def _linear(self, q, k, v, rotation=None):
         out_dtype = v.dtype
+        # Without autograd, each N x 2d intermediate reuses the buffer of the one before: at
+        # 16k tokens they are 50 MB each, and fresh ones cost page faults and bandwidth.
+        in_place = not torch.is_grad_enabled()
         with torch.autocast(device_type=v.device.type, enabled=False):
             q, k, v = float32_state(q, k, v)
             signed_proj = self.signed_proj(q.dtype)
-            phi_k, key_max = self._key_features(self.log_features(k, signed_proj))
+            phi_k, key_max = self._key_features(self.log_features(k, signed_proj, in_place),
+                                                in_place)
             # A ones column on the values carries the key sums z through the same product.
             ones = torch.ones_like(v[..., :1])
             state = phi_k.transpose(-2, -1) @ torch.cat([v, ones], dim=-1)   # (B, h, 2d, d+1)
             key_sum = state[..., -1:]                                         # z >= 1
             kv_state = state[..., :-1] / key_sum                  # softmax_j(L(K))^T V
             log_key_mass = key_max + key_sum.log().transpose(-2, -1)          # K, (B, h, 1, 2d)
-            query_weights = (self.log_features(q, signed_proj) + log_key_mass).softmax(dim=-1)
+            logits = self.log_features(q, signed_proj, in_place)
+            if self._writable(in_place):
+                logits = logits.add_(log_key_mass)
+            else:
+                logits = logits + log_key_mass
+            if in_place:
+                query_weights = torch.softmax(logits, dim=-1, out=logits)
+            else:
+                query_weights = logits.softmax(dim=-1)
             out = query_weights @ kv_state
         return out.to(out_dtype)
 
