@@ -47,11 +47,6 @@ from mmengine.analysis.print_helper import (_format_size, complexity_stats_str,
                                             complexity_stats_table)
 from torch import nn
 
-# Per-operator counts a leaf reports, under these operator names in mmengine's tables;
-# 'linear' and 'conv' are the names mmengine's own handles give those layers.
-LEAF_OPS = ('linear', 'conv', 'attention_core')
-
-
 def linear_macs(linear, num_tokens):
     return num_tokens * linear.in_features * linear.out_features
 
@@ -160,6 +155,8 @@ def _leaf_forward(attn):
                           if isinstance(m, nn.Linear))
         activations += sum(grid[0] * grid[1] * m.out_channels for m in attn.modules()
                            if isinstance(m, nn.Conv2d))
+        # by_operator() then lists 'linear' and 'conv' with the layers mmengine's own
+        # handles count under those names, and 'attention_core' on its own
         cost = dict(macs={op: batch * count for op, count in macs.items() if count},
                     activations=batch * activations)
         return _OperatorLeaf.apply(cost, lambda t: type(attn).forward(attn, t, hw_shape), x)
