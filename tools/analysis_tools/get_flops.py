@@ -25,7 +25,7 @@ the weights), and building it downloads nothing.
 Example::
 
     python tools/analysis_tools/get_flops.py \\
-        configs/classification/imagenet/linvit-relu-small_mlpcopy-distill_32xb128_in1k.py
+        configs/classification/imagenet/linvit-relu-small_fullcopy-distill_32xb128_in1k.py
     python tools/analysis_tools/get_flops.py \\
         configs/detection/mask-rcnn_linvit-adapter-relu-small_fpn_1x_coco.py --shape 800 1333
 """
