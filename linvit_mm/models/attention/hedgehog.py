@@ -166,11 +166,13 @@ class HedgehogAttention(LinearMapAttention):
             phi_k, key_max = self._key_features(self.log_features(k, signed_proj, in_place),
                                                 in_place)
             # A ones column on the values carries the key sums z through the same product.
+            # The state is formed transposed, V^T phi(K), so that the gradient reaching
+            # phi(K) is contiguous: the transposed one made every pointwise backward slow.
             ones = torch.ones_like(v[..., :1])
-            state = phi_k.transpose(-2, -1) @ torch.cat([v, ones], dim=-1)   # (B, h, 2d, d+1)
-            key_sum = state[..., -1:]                                         # z >= 1
-            kv_state = state[..., :-1] / key_sum                  # softmax_j(L(K))^T V
-            log_key_mass = key_max + key_sum.log().transpose(-2, -1)          # K, (B, h, 1, 2d)
+            state = torch.cat([v, ones], dim=-1).transpose(-2, -1) @ phi_k   # (B, h, d+1, 2d)
+            key_sum = state[..., -1:, :]                                      # z >= 1
+            kv_state = (state[..., :-1, :] / key_sum).transpose(-2, -1)   # softmax_j(L(K))^T V
+            log_key_mass = key_max + key_sum.log()                            # K, (B, h, 1, 2d)
             logits = self.log_features(q, signed_proj, in_place)
             if self._writable(in_place):
                 logits = logits.add_(log_key_mass)
