@@ -8,62 +8,35 @@ import torch
 from mmengine.logging import MMLogger
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from linvit_mm.engine import AttentionDistillHook
 from linvit_mm.models import LinearViT
-from linvit_mm.models.attention import (WHOLE, HedgehogAttention, attention_class,
-                                        build_attention)
+from linvit_mm.models.attention import WHOLE, HedgehogAttention, attention_class
 from linvit_mm.testing import assert_rel_close, rel_error
 from linvit_mm.transfer import transfer_softmax_weights
 
 FEATURE_MAPS = ['softmax', 'exp']
 GRIDS = [(6, 6), (4, 7), (5, 3)]
-EMBED_DIMS, NUM_HEADS = 24, 3
-HEAD_DIMS = EMBED_DIMS // NUM_HEADS
 TINY_ARCH = dict(embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=64)
 
 
-def grid_id(hw):
-    return f'{hw[0]}x{hw[1]}'
+@pytest.fixture
+def make_hedgehog(make_attention):
+    """``make_attention('hedgehog', ...)`` with every head's W moved off the identity by
+    ``perturb`` (gradients at W = I would test a special point)."""
 
+    def make(feature_map, dtype=torch.float64, perturb=.3, **kwargs):
+        module = make_attention('hedgehog', dtype=dtype, feature_map=feature_map, **kwargs)
+        with torch.no_grad():
+            noise = torch.randn_like(module.feature_proj)
+            module.feature_proj.add_(perturb * noise / module.head_dims**.5)
+        return module
 
-def make(feature_map, dtype=torch.float64, perturb=0.3, seed=0, **kwargs):
-    """A hedgehog operator; ``perturb`` moves every head's W off the identity (gradients
-    at W = I would test a special point)."""
-    torch.manual_seed(seed)
-    kwargs.setdefault('embed_dims', EMBED_DIMS)
-    kwargs.setdefault('num_heads', NUM_HEADS)
-    module = build_attention('hedgehog', feature_map=feature_map, **kwargs).to(dtype)
-    with torch.no_grad():
-        d = module.head_dims
-        module.feature_proj.add_(perturb * torch.randn_like(module.feature_proj) / d**.5)
-    return module
-
-
-def tokens(hw, num_extra, batch=2, dtype=torch.float64, scale=1., seed=1):
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, num_extra + hw[0] * hw[1], EMBED_DIMS, generator=generator,
-                    dtype=torch.float64)
-    return (x * scale).to(dtype)
-
-
-def output_and_grads(module, fn, x):
-    """``fn(x)`` and, for a fixed upstream gradient, the gradients of ``x`` and of every
-    parameter of ``module``."""
-    module.zero_grad(set_to_none=True)
-    x = x.detach().clone().requires_grad_(True)
-    out = fn(x)
-    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(7),
-                           dtype=torch.float64).to(out.dtype)
-    out.backward(upstream)
-    grads = {'x': x.grad}
-    grads.update({name: param.grad for name, param in module.named_parameters()})
-    assert all(grad is not None for grad in grads.values())
-    return out.detach(), grads
+    return make
 
 
 def assert_same(actual, expected, tol, what):
+    """Outputs and every gradient of two ``output_and_grads`` results agree."""
     out, grads = actual
     ref, ref_grads = expected
     assert_rel_close(out, ref, tol, f'{what}: output')
@@ -113,27 +86,25 @@ def log_space_map(module, q, k):
 
 
 # ------------------------------------------------------------------ fast form vs map form
-@pytest.mark.parametrize('hw', GRIDS, ids=grid_id)
+@pytest.mark.parametrize('hw', GRIDS)
 @pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_fast_form_matches_map_form(feature_map, num_extra, hw):
-    module = make(feature_map)
-    x = tokens(hw, num_extra, scale=2.)
-    fast = output_and_grads(module, lambda t: module(t, hw), x)
-    assert fast[0].shape == x.shape
-    assert set(fast[1]) == {'x', 'qkv.weight', 'qkv.bias', 'proj.weight', 'proj.bias',
-                            'feature_proj'}
-    reference = output_and_grads(module, lambda t: module.forward_reference(t, hw), x)
-    assert_same(fast, reference, 1e-10, 'fast vs map form')
+def test_fast_form_matches_map_form(feature_map, num_extra, hw, make_hedgehog, tokens,
+                                    assert_matches_reference):
+    module = make_hedgehog(feature_map)
+    grads = assert_matches_reference(module, tokens(hw, num_extra, scale=2.), hw)
+    assert set(grads) == {'x', 'qkv.weight', 'qkv.bias', 'proj.weight', 'proj.bias',
+                          'feature_proj'}
+    assert all(grad is not None for grad in grads.values())
 
 
 @pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_stabiliser_cancels(feature_map, num_extra):
+def test_stabiliser_cancels(feature_map, num_extra, make_hedgehog, tokens, output_and_grads):
     """Both forms equal the plain formula, outputs and every gradient (W's included), at
     inputs whose shifts are far from zero: a shift that did not cancel would show."""
     hw = (4, 7)
-    module = make(feature_map)
+    module = make_hedgehog(feature_map)
     x = tokens(hw, num_extra, scale={'exp': 12., 'softmax': 40.}[feature_map])
     with torch.no_grad():
         q, k, _ = heads(module, x)
@@ -155,11 +126,12 @@ def test_stabiliser_cancels(feature_map, num_extra):
                          'map vs plain map')
 
 
-@pytest.mark.parametrize('hw', [(6, 6), (4, 7)], ids=grid_id)
+@pytest.mark.parametrize('hw', [(6, 6), (4, 7)])
 @pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_map_rows_sum_to_one_and_reproduce_output(feature_map, num_extra, hw):
-    module = make(feature_map)
+def test_map_rows_sum_to_one_and_reproduce_output(feature_map, num_extra, hw, make_hedgehog,
+                                                  tokens):
+    module = make_hedgehog(feature_map)
     x = tokens(hw, num_extra, scale=2.)
     n = x.shape[1]
     with torch.no_grad():
@@ -167,20 +139,20 @@ def test_map_rows_sum_to_one_and_reproduce_output(feature_map, num_extra, hw):
         attn = module.attention_map(x, hw)
         _, _, v = heads(module, x)
         from_map = module.proj((attn @ v).transpose(1, 2).reshape(x.shape))
-    assert attn.shape == (x.shape[0], NUM_HEADS, n, n)
+    assert attn.shape == (x.shape[0], module.num_heads, n, n)
     assert attn.min() > 0  # every feature is positive: no key is ever switched off
-    assert_rel_close(attn.sum(dim=-1), torch.ones(x.shape[0], NUM_HEADS, n, dtype=attn.dtype),
-                     1e-13, 'row sums')
+    row_sums = attn.sum(dim=-1)
+    assert_rel_close(row_sums, torch.ones_like(row_sums), 1e-13, 'row sums')
     assert_rel_close(from_map, fast, 1e-10, 'proj(merge(map @ V)) vs fast output')
 
 
 # ------------------------------------------------------------------ initialisation
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_feature_proj_starts_at_the_identity(feature_map):
-    module = build_attention('hedgehog', embed_dims=EMBED_DIMS, num_heads=NUM_HEADS,
-                             feature_map=feature_map).double()
-    eye = torch.eye(HEAD_DIMS, dtype=torch.float64)
-    assert module.feature_proj.shape == (NUM_HEADS, HEAD_DIMS, HEAD_DIMS)
+def test_feature_proj_starts_at_the_identity(feature_map, make_attention, tokens):
+    module = make_attention('hedgehog', feature_map=feature_map)
+    h, d = module.num_heads, module.head_dims
+    eye = torch.eye(d, dtype=torch.float64)
+    assert module.feature_proj.shape == (h, d, d)
     assert all(torch.equal(w, eye) for w in module.feature_proj)
     # At W = I the map is the fixed one of the feature map, from q and k alone.
     x = tokens((3, 5), 1)
@@ -200,11 +172,12 @@ def test_feature_proj_starts_at_the_identity(feature_map):
 
 # ------------------------------------------------------------------ numerics
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_large_inputs_stay_finite_in_float32(feature_map):
+def test_large_inputs_stay_finite_in_float32(feature_map, make_hedgehog, tokens,
+                                             output_and_grads):
     """Inputs where the plain float32 exp overflows: the output stays finite and equals the
     float64 plain formula, and the backward pass is finite."""
     hw = (4, 7)
-    module = make(feature_map, dtype=torch.float32)
+    module = make_hedgehog(feature_map, dtype=torch.float32)
     x = tokens(hw, 1, dtype=torch.float32, scale=60.)
     with torch.no_grad():
         q, k, _ = heads(module, x)
@@ -222,18 +195,17 @@ def test_large_inputs_stay_finite_in_float32(feature_map):
 
 
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_misaligned_queries_and_keys_keep_their_map(feature_map):
+def test_misaligned_queries_and_keys_keep_their_map(feature_map, make_attention):
     """Every query peaks on features no key has (q = s(e0 - e1), k = s(e2 - e3) + noise): the
     plain float32 scores underflow to 0 (softmax) or overflow (exp), giving 0/0 rows; both
     forms keep the exact log-space map."""
-    torch.manual_seed(0)
-    module = build_attention('hedgehog', embed_dims=2 * HEAD_DIMS, num_heads=2,
-                             feature_map=feature_map)
-    n, d, s = 12, HEAD_DIMS, 200.
+    module = make_attention('hedgehog', dtype=torch.float32, feature_map=feature_map)
+    h, d = module.num_heads, module.head_dims
+    n, s = 12, 200.
     basis = torch.eye(d)
-    q = (s * (basis[0] - basis[1])).expand(1, 2, n, d).clone()
-    k = s * (basis[2] - basis[3]) + 3 * torch.randn(1, 2, n, d)
-    v = torch.randn(1, 2, n, d)
+    q = (s * (basis[0] - basis[1])).expand(1, h, n, d).clone()
+    k = s * (basis[2] - basis[3]) + 3 * torch.randn(1, h, n, d)
+    v = torch.randn(1, h, n, d)
     with torch.no_grad():
         plain_scores = plain_phi(module, q) @ plain_phi(module, k).transpose(-2, -1)
         plain = plain_scores / plain_scores.sum(dim=-1, keepdim=True)
@@ -247,84 +219,77 @@ def test_misaligned_queries_and_keys_keep_their_map(feature_map):
     assert_rel_close(out, exact @ v.double(), 1e-4, 'output vs log-space map @ V')
 
 
-class OpRecorder(TorchDispatchMode):
-    """Name and dtype of every floating tensor an aten op returns, in order, and the
-    storages of those with ``numel`` elements."""
-
-    def __init__(self, numel=None):
-        super().__init__()
-        self.numel = numel
-        self.ops = []
-        self.storages = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.is_floating_point():
-                self.ops.append((func.overloadpacket.__name__, t.dtype))
-                if t.numel() == self.numel:
-                    self.storages.add(t.untyped_storage().data_ptr())
-        return out
-
-
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_bf16_autocast_keeps_float32_states(feature_map):
-    module = make(feature_map, dtype=torch.float32)
+def test_bf16_autocast_keeps_float32_states(feature_map, make_hedgehog, tokens, recorded_ops,
+                                            autocast_output):
+    module = make_hedgehog(feature_map, dtype=torch.float32)
     hw = (16, 16)
     x = tokens(hw, 1, dtype=torch.float32)
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
         q, k, v = module.split_heads(module.qkv(x))
-        with OpRecorder() as recorder:
-            core = module._linear(q, k, v)
-        out = module(x, hw)
-    assert q.dtype == torch.bfloat16 and core.dtype == out.dtype == torch.bfloat16
+        ops = [(name, dtype) for name, dtype, _ in recorded_ops(lambda: module._linear(q, k, v))
+               if dtype.is_floating_point]
+    assert q.dtype == torch.bfloat16
     # Everything between the upcast of q, k, v and the final cast back runs in float32:
     # W, the features, their shifts, the 2d x d state, the key sums and the read-out.
-    upcasts, body, final = recorder.ops[:3], recorder.ops[3:-1], recorder.ops[-1]
+    upcasts, body, final = ops[:3], ops[3:-1], ops[-1]
     assert [dtype for _, dtype in upcasts] == [torch.float32] * 3
     names = {name for name, _ in body}
     assert {'bmm', 'exp_', 'div'} <= names and any('softmax' in name for name in names)
     assert all(dtype == torch.float32 for _, dtype in body), body
     assert final == ('_to_copy', torch.bfloat16)
-    with torch.no_grad():
-        exact = module.double()(x.double(), hw)
-    assert torch.isfinite(out).all()
+    out, exact = autocast_output(module, x, hw, torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     # bf16 projections limit the accuracy to a few 1e-3.
     assert rel_error(out, exact) < 2e-2
 
 
+class StorageRecorder(TorchDispatchMode):
+    """The storages of the tensors of ``numel`` elements that aten ops return."""
+
+    def __init__(self, numel):
+        super().__init__()
+        self.numel = numel
+        self.storages = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.numel() == self.numel:
+            self.storages.add(out.untyped_storage().data_ptr())
+        return out
+
+
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_inference_reuses_its_buffers(feature_map):
+def test_inference_reuses_its_buffers(feature_map, make_hedgehog, tokens):
     """Without autograd every N x 2d intermediate overwrites the product it came from (two
     buffers: the products of q and k), with the output of the autograd path."""
-    module = make(feature_map)
+    module = make_hedgehog(feature_map)
     hw = (6, 6)
     with torch.no_grad():
         q, k, v = module.split_heads(module.qkv(tokens(hw, 1, scale=2.)))
     with_autograd = module._linear(q, k, v)
     assert with_autograd.requires_grad  # feature_proj's
-    with torch.no_grad(), OpRecorder(numel=q[..., :1].numel() * 2 * HEAD_DIMS) as recorder:
+    with torch.no_grad(), StorageRecorder(numel=2 * q.numel()) as recorder:
         without = module._linear(q, k, v)
     assert len(recorder.storages) == 2
     assert_rel_close(without, with_autograd, 1e-14, 'output without autograd')
 
 
 # ------------------------------------------------------------------ traits and costs
-def test_traits():
+def test_traits(make_attention):
     cls = attention_class('hedgehog')
     assert cls is HedgehogAttention and cls.attn_type == 'hedgehog'
     assert cls.has_map and cls.uses_cls_token and cls.has_qk_form
     assert cls.softmax_fill == {'qkv': WHOLE, 'proj': WHOLE}
     assert cls.bound_fraction_target == .80
-    assert 'feature_map=\'softmax\'' in repr(build_attention('hedgehog', embed_dims=24,
-                                                             num_heads=3))
+    assert "feature_map='softmax'" in repr(make_attention('hedgehog'))
 
 
-def test_bad_feature_map_is_refused():
+def test_bad_feature_map_is_refused(make_attention):
     with pytest.raises(ValueError, match="unknown feature_map 'relu'.*softmax, exp"):
-        build_attention('hedgehog', embed_dims=24, num_heads=3, feature_map='relu')
+        make_attention('hedgehog', feature_map='relu')
     with pytest.raises(ValueError, match='attn_drop=0.1'):
-        build_attention('hedgehog', embed_dims=24, num_heads=3, attn_drop=.1)
+        make_attention('hedgehog', attn_drop=.1)
 
 
 class MacCounter(TorchDispatchMode):
@@ -350,13 +315,13 @@ class MacCounter(TorchDispatchMode):
 
 
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_core_macs_counts_the_fast_form(feature_map):
+def test_core_macs_counts_the_fast_form(feature_map, make_hedgehog, tokens):
     """``core_macs`` = 6 N C d + 2 N C: the fast form's contractions and token sums, but for
     the -x W half of the features, which it gets from the same product as x W."""
-    module = make(feature_map, dtype=torch.float32)
+    module = make_hedgehog(feature_map, dtype=torch.float32)
     hw, num_extra, batch = (5, 6), 1, 2
     x = tokens(hw, num_extra, batch=batch, dtype=torch.float32)
-    n, C, d = x.shape[1], EMBED_DIMS, HEAD_DIMS
+    n, C, d = x.shape[1], module.embed_dims, module.head_dims
     with torch.no_grad():
         q, k, v = module.split_heads(module.qkv(x))
         with MacCounter() as counter:
