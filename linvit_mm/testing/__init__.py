@@ -1,8 +1,6 @@
 """What the tests, the demo and the analysis tools share: numerical comparison here, and the
-generated mini datasets in :mod:`linvit_mm.testing.mini_data` (import it by that name; it
-needs PIL, these helpers only torch)."""
-import torch
-
+generated mini datasets in :mod:`linvit_mm.testing.mini_data` (import it by that name: it
+needs PIL, which these helpers do not)."""
 __all__ = ['assert_rel_close', 'rel_error']
 
 

@@ -100,8 +100,8 @@ def _refusal_reason(path, err):
     if zipfile.is_zipfile(path):  # torch reads the globals of zip checkpoints only
         refused = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
     if refused:
-        return (f'it pickles {", ".join(map(repr, refused))}, which the loader does not allow (tensors, '
-                f'plain containers, numpy data, mmengine run metadata)')
+        return (f'it pickles {", ".join(map(repr, refused))}, which the loader does not allow '
+                f'(tensors, plain containers, numpy data, mmengine run metadata)')
     message = str(err).split('WeightsUnpickler error: ', 1)[-1].strip()
     message = message.splitlines()[0].split(' Please use `torch.serialization', 1)[0]
     return f'torch\'s weights-only unpickler refused it ({message})'
