@@ -10,15 +10,23 @@ Usage in a config (``custom_imports=dict(imports=['linvit_mm.models',
                         dict(type='SoftmaxTransfer', checkpoint=DEIT, setting='fullcopy',
                              prefix='head.')])
 
-``LinearViT.init_weights`` runs its default initialisation before ``init_cfg``, so the
-copies are not overwritten. Like mmengine's ``Pretrained`` the checkpoint is read when
-the initialiser is called (at ``model.init_weights()``), not when it is built; unlike it,
-only local files are read, and never by a plain unpickler (see
-:func:`load_softmax_checkpoint`).
+Nothing overwrites the copies: ``LinearViT`` runs its default initialisation at
+construction, not in ``init_weights``; and mmengine's ``BaseModule.init_weights`` applies a
+module's ``init_cfg`` *before* its children's ``init_weights`` (only ``Pretrained`` runs
+after them), so a child with an ``init_cfg`` of its own (a block given one through
+``layer_cfgs``) would overwrite them. ``SoftmaxTransfer`` therefore runs the children's
+``init_weights`` itself before it copies (mmengine then skips them: they are initialised).
+Initialisers listed *after* it in the same ``init_cfg`` still run after it, as listed.
+
+Like ``Pretrained`` the checkpoint is read when the initialiser is called (at
+``model.init_weights()``), not when it is built; unlike it, only local files are read, and
+never by a plain unpickler (see :func:`load_softmax_checkpoint`).
 """
+from mmengine.model import is_model_wrapper
 from mmengine.model.weight_init import update_init_info
 from mmengine.registry import WEIGHT_INITIALIZERS
 
+from .inference import check_num_heads
 from .settings import resolve_setting
 from .transfer import transfer_softmax_weights
 
@@ -41,13 +49,20 @@ class SoftmaxTransferInit:
         fc_norm_target (str): where a global-pool ``fc_norm`` goes, see
             :func:`load_softmax_checkpoint`.
         analytic_cfg (dict, optional): Mimetic / Impulse constants to override.
+        num_heads (int, optional): the checkpoint's number of attention heads, for
+            checkpoints that do not state it; see :func:`transfer_softmax_weights`.
+        allow_partial (bool): copy components the checkpoint holds only in part instead of
+            refusing; see :func:`transfer_softmax_weights`.
 
     After a call the module carries the report as ``module.transfer_report``.
     """
 
     def __init__(self, checkpoint=None, setting=None, components=None, prefix='backbone.',
-                 map_location='cpu', fc_norm_target='ln2', analytic_cfg=None):
+                 map_location='cpu', fc_norm_target='ln2', analytic_cfg=None, num_heads=None,
+                 allow_partial=False):
         self.setting, self.components, self.analytic = resolve_setting(setting, components)
+        if num_heads is not None:
+            check_num_heads(num_heads, None)
         if checkpoint is None and self.components:
             what = (f'setting {setting!r}' if setting is not None
                     else f'components {list(self.components)}')
@@ -58,17 +73,21 @@ class SoftmaxTransferInit:
         self.map_location = map_location
         self.fc_norm_target = fc_norm_target
         self.analytic_cfg = analytic_cfg
+        self.num_heads = num_heads
+        self.allow_partial = allow_partial
         # mmengine's initialize() sets this on every initialiser; this one acts on the module
         # as a whole either way.
         self.wholemodule = False
 
     def __call__(self, module):
+        _init_children(module)
         report = transfer_softmax_weights(
             module, self.checkpoint,
             setting=self.setting,
             components=None if self.setting is not None else list(self.components),
             prefix=self.prefix, logger='current', analytic_cfg=self.analytic_cfg,
-            map_location=self.map_location, fc_norm_target=self.fc_norm_target)
+            map_location=self.map_location, fc_norm_target=self.fc_norm_target,
+            num_heads=self.num_heads, allow_partial=self.allow_partial)
         module.transfer_report = report
         if hasattr(module, '_params_init_info'):
             update_init_info(module, init_info=self._get_init_info())
@@ -77,3 +96,20 @@ class SoftmaxTransferInit:
         what = self.setting if self.setting is not None else f'components {list(self.components)}'
         source = f' from {self.checkpoint}' if self.checkpoint is not None else ''
         return f'{self.__class__.__name__}: {what}{source}'
+
+
+def _init_children(module):
+    """Run the children's ``init_weights`` now, as ``BaseModule.init_weights`` would next.
+
+    Written out because mmengine offers no way to order an initialiser after the children
+    but hard-codes that for ``Pretrained``; the loop is mmengine's own, and a child it has
+    run is marked initialised, so mmengine does not run it again.
+    """
+    for child in module.children():
+        if is_model_wrapper(child) and not hasattr(child, 'init_weights'):
+            child = child.module
+        if hasattr(child, 'init_weights') and not getattr(child, 'is_init', False):
+            child.init_weights()
+            if hasattr(child, '_params_init_info'):
+                update_init_info(child, init_info=f'Initialized by user-defined `init_weights` '
+                                                  f'in {child.__class__.__name__} ')

@@ -7,9 +7,15 @@ exactly what they had.
 
 Rules:
 
-- Every tensor is checked before any is written. A tensor of a selected component whose
-  shape does not fit (a ViT-B checkpoint into a Tiny model, a different patch size) or a
-  depth mismatch is an error that names the first offending tensors; nothing is copied.
+- Every tensor is checked before any is written; an error copies nothing. Errors: a
+  tensor of a selected component whose shape does not fit (a ViT-B checkpoint into a Tiny
+  model, a different patch size) or a depth mismatch (the first offending tensors are
+  named); and, checked in :mod:`linvit_mm.transfer.checks`, a head count of the checkpoint
+  that differs from the model's attention operators when attention is copied, a ``prefix``
+  that selects no tensor of the checkpoint (the error lists the prefixes it has), a
+  selected component the model has but the checkpoint lacks entirely, and a component the
+  checkpoint holds only in part (per block for ``attention``, ``mlp``, ``norms``), unless
+  ``allow_partial``.
 - A classifier head with a different number of classes keeps its own init and is reported
   as such (a transfer to another label set); a head of another width is an error.
 - Copies are exact ``copy_`` under ``no_grad``. The only tensors that are not bit-equal to
@@ -18,9 +24,11 @@ Rules:
 - Operator-specific tensors (MHLA's ``block_mixing`` and ``value_conv``; TTT's ``w1``,
   ``w2``, ``w3``, ``cpe``, the extra ``3d`` qkv rows and its ``(C, C + d)`` proj) keep the
   operator's own init. Which rows of ``qkv`` / ``proj`` a checkpoint fills is the
-  operator class's ``softmax_fill``. A model without class token or learned position embedding (MHLA,
-  TTT) reports the checkpoint's ``cls_token`` / ``pos_embed`` as "not in model".
+  operator class's ``softmax_fill``; such tensors never make a component "in part". A
+  model without class token or learned position embedding (MHLA, TTT) reports the
+  checkpoint's ``cls_token`` / ``pos_embed`` as "not in model".
 """
+import logging
 from collections import OrderedDict
 
 import torch
@@ -30,6 +38,7 @@ from linvit_mm.models.attention import LEADING_ROWS, OWN_INIT, WHOLE
 
 from .analytic import IMPULSE_DEFAULTS, MIMETIC_DEFAULTS, impulse_init, mimetic_init
 from .checkpoint import SoftmaxCheckpoint, load_softmax_checkpoint
+from .checks import attention_operators, check_complete, check_head_counts
 from .report import REPORT_STATUSES, format_transfer_report
 from .settings import COMPONENTS, block_index, component_of, is_softmax_tensor, resolve_setting
 
@@ -48,7 +57,8 @@ NO_COUNTERPART = 'no Softmax ViT counterpart'
 
 def transfer_softmax_weights(module, checkpoint=None, setting=None, components=None,
                              prefix='backbone.', logger='current', analytic_cfg=None,
-                             map_location='cpu', fc_norm_target='ln2'):
+                             map_location='cpu', fc_norm_target='ln2', num_heads=None,
+                             allow_partial=False):
     """Initialise ``module`` from a Softmax ViT checkpoint with one setting of the paper.
 
     Args:
@@ -70,6 +80,13 @@ def transfer_softmax_weights(module, checkpoint=None, setting=None, components=N
             (:data:`MIMETIC_DEFAULTS`, :data:`IMPULSE_DEFAULTS`).
         map_location, fc_norm_target: passed to :func:`load_softmax_checkpoint` when the
             checkpoint is read here.
+        num_heads (int, optional): the checkpoint's number of attention heads, for
+            checkpoints that do not state it (see :func:`load_softmax_checkpoint`). With a
+            known count, copying attention into operators with another count is refused;
+            without one the copy assumes the model's count and warns.
+        allow_partial (bool): copy a component the checkpoint holds only in part (e.g. a
+            block whose ``fc1`` is missing) instead of refusing; what was left out is
+            reported (``'copied in part'``) and logged as a warning.
 
     Returns:
         dict: the report. ``'setting'``, ``'components'``, ``'analytic_method'``,
@@ -79,12 +96,18 @@ def transfer_softmax_weights(module, checkpoint=None, setting=None, components=N
         one of these), and of checkpoint tensors ``'not in model'``; the names (relative
         to the module) under the same keys, ``'kept own init'`` mapping each name to its
         reason (``'not selected'``, ``'operator-specific'``, a shape that differs, ...);
-        ``'partial'``: tensors of which only some rows were copied; ``'notes'``.
+        ``'partial'``: tensors of which only some rows were copied; ``'copied in part'``:
+        per component, ``{block index (None outside the blocks): [names absent in the
+        checkpoint]}`` (only with ``allow_partial``); ``'num_heads'``: the checkpoint's
+        head count (None if unknown) and the model operators' counts; ``'notes'``;
+        ``'warnings'`` (also logged at WARNING level).
 
     Raises:
         ValueError: unknown setting or component, both or neither given, a checkpoint
-            missing for a copying setting, a checkpoint that does not fit the model
-            (nothing is copied then), Mimetic / Impulse on an operator without a QK^T form.
+            missing for a copying setting, a checkpoint that does not fit the model (shapes,
+            depth, head count of copied attention), a selected component the checkpoint
+            lacks, one it holds in part (without ``allow_partial``), Mimetic / Impulse on an
+            operator without a QK^T form. Nothing is copied then.
         FileNotFoundError: the checkpoint path does not exist.
     """
     setting, selected, analytic = resolve_setting(setting, components)
@@ -92,19 +115,22 @@ def transfer_softmax_weights(module, checkpoint=None, setting=None, components=N
     if analytic is not None:
         _check_qk_operators(module, analytic)
 
-    notes = []
+    notes, warnings = [], []
     ckpt = None
     if selected:
         if checkpoint is None:
             raise ValueError(f'{_describe(setting, selected)} copies from a Softmax checkpoint, '
                              f'but checkpoint is None; only random, mimetic and impulse need none')
-        ckpt = _as_checkpoint(checkpoint, map_location, fc_norm_target)
+        ckpt = _as_checkpoint(checkpoint, map_location, fc_norm_target, num_heads)
         notes += [f'checkpoint: {note}' for note in ckpt.notes]
     elif checkpoint is not None:
         notes.append(f'{_describe(setting, selected)} copies nothing; the checkpoint was not '
                      f'read')
 
     plan = _plan(module, ckpt, selected, prefix, notes)
+    heads = check_head_counts(module, ckpt, selected, notes, warnings)
+    in_part = check_complete(module, ckpt, plan, _describe(setting, selected), selected, prefix,
+                             allow_partial, notes, warnings)
     with torch.no_grad():
         for target, source, rows in plan['copies']:
             (target if rows is None else target[:rows]).copy_(source)
@@ -122,7 +148,11 @@ def transfer_softmax_weights(module, checkpoint=None, setting=None, components=N
 
     report = _build_report(status, plan['not_in_model'], plan['partial'], prefix, setting,
                            selected, analytic, ckpt, notes)
+    report.update({'copied in part': in_part, 'num_heads': heads, 'warnings': warnings})
     print_log(format_transfer_report(report, type(module).__name__), logger=logger)
+    for warning in warnings:
+        print_log(f'Softmax weight transfer into {type(module).__name__}: {warning}',
+                  logger=logger, level=logging.WARNING)
     return report
 
 
@@ -149,7 +179,7 @@ def _analytic_kwargs(analytic, analytic_cfg):
 
 
 def _check_qk_operators(module, analytic):
-    for name, attn in _operators(module):
+    for name, attn in attention_operators(module):
         if not attn.has_qk_form:
             raise ValueError(f'the {analytic} setting is not defined for the {attn.attn_type!r} '
                              f'operator ({name}): {analytic.capitalize()} shapes the per-head '
@@ -159,17 +189,11 @@ def _check_qk_operators(module, analytic):
                              f'fullcopy')
 
 
-def _operators(module):
-    """``(name, operator)`` of every attention operator in ``module``."""
-    from linvit_mm.models.attention import BaseAttention
-    return [(name, m) for name, m in module.named_modules() if isinstance(m, BaseAttention)]
-
-
-def _as_checkpoint(checkpoint, map_location, fc_norm_target):
+def _as_checkpoint(checkpoint, map_location, fc_norm_target, num_heads):
     if isinstance(checkpoint, SoftmaxCheckpoint):
-        return checkpoint
+        return checkpoint.with_num_heads(num_heads)
     return load_softmax_checkpoint(checkpoint, map_location=map_location,
-                                   fc_norm_target=fc_norm_target)
+                                   fc_norm_target=fc_norm_target, num_heads=num_heads)
 
 
 # --------------------------------------------------------------------------- planning
@@ -190,7 +214,10 @@ def _plan(module, ckpt, selected, prefix, notes):
     """Decide the fate of every tensor; raise (before any write) if the checkpoint misfits.
 
     Returns dict(copies=[(target, source, rows or None)], status={rel: (status, reason)},
-    not_in_model=[rel], partial={rel: text}).
+    not_in_model=[rel], partial={rel: text}, found={rel: bool}, ckpt_tensors={rel: tensor},
+    module_components=set), ``found`` saying for each tensor a selected component could fill
+    whether the checkpoint has it, ``module_components`` the components of which the module
+    has Softmax ViT tensors under ``prefix``, selected or not.
     """
     model_tensors = module.state_dict(keep_vars=True)
     ckpt_tensors = OrderedDict()
@@ -199,6 +226,9 @@ def _plan(module, ckpt, selected, prefix, notes):
                                    for name, value in ckpt.state_dict.items()
                                    if name.startswith(prefix))
     copies, status, partial, mismatches = [], OrderedDict(), OrderedDict(), []
+    found = OrderedDict()
+    module_components = {component_of(prefix + rel) for rel in model_tensors
+                         if is_softmax_tensor(prefix + rel)}
 
     for rel, target in model_tensors.items():
         full = prefix + rel
@@ -210,10 +240,7 @@ def _plan(module, ckpt, selected, prefix, notes):
             status[rel] = ('kept own init',
                            OPERATOR_SPECIFIC if component == 'attention' else NO_COUNTERPART)
             continue
-        if rel not in ckpt_tensors:
-            status[rel] = ('absent in checkpoint', None)
-            continue
-        source = ckpt_tensors[rel]
+        fill = WHOLE
         if component == 'attention':
             operator = _operator_of(module, rel)
             layer_kind = rel.split('.')[-2]  # 'qkv' or 'proj'
@@ -223,17 +250,22 @@ def _plan(module, ckpt, selected, prefix, notes):
                                f'{OPERATOR_SPECIFIC}: the {operator.attn_type} '
                                f'{layer_kind} layer is not a Softmax block\'s')
                 continue
-            if fill == LEADING_ROWS and target.shape != source.shape:
-                if _differs_in_rows_only(source, target) and source.shape[0] < target.shape[0]:
-                    rows = source.shape[0]
-                    copies.append((target, source, rows))
-                    status[rel] = ('copied', None)
-                    partial[rel] = (f'rows 0:{rows} of {target.shape[0]} copied, rows '
-                                    f'{rows}:{target.shape[0]} are operator-specific and keep '
-                                    f'their own init')
-                else:
-                    mismatches.append(_mismatch(full, source, target))
-                continue
+        found[rel] = rel in ckpt_tensors
+        if not found[rel]:
+            status[rel] = ('absent in checkpoint', None)
+            continue
+        source = ckpt_tensors[rel]
+        if fill == LEADING_ROWS and target.shape != source.shape:
+            if _differs_in_rows_only(source, target) and source.shape[0] < target.shape[0]:
+                rows = source.shape[0]
+                copies.append((target, source, rows))
+                status[rel] = ('copied', None)
+                partial[rel] = (f'rows 0:{rows} of {target.shape[0]} copied, rows '
+                                f'{rows}:{target.shape[0]} are operator-specific and keep '
+                                f'their own init')
+            else:
+                mismatches.append(_mismatch(full, source, target))
+            continue
         if target.shape == source.shape:
             copies.append((target, source, None))
             status[rel] = ('copied', None)
@@ -259,7 +291,8 @@ def _plan(module, ckpt, selected, prefix, notes):
     depth_problem = _depth_problem(model_tensors, ckpt_tensors, selected, prefix)
     if mismatches or depth_problem:
         raise ValueError(_misfit_message(ckpt, module, mismatches, depth_problem))
-    return dict(copies=copies, status=status, not_in_model=not_in_model, partial=partial)
+    return dict(copies=copies, status=status, not_in_model=not_in_model, partial=partial,
+                found=found, ckpt_tensors=ckpt_tensors, module_components=module_components)
 
 
 def _mismatch(name, source, target):

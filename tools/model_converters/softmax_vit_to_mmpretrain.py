@@ -1,10 +1,12 @@
 """Convert a Softmax ViT checkpoint (DeiT, timm, DINO, MoCo v3, iBOT, MAE, mmpretrain) to
 mmpretrain names, for inspection or for ``init_cfg=dict(type='Pretrained', ...)``.
 
-    python tools/model_converters/softmax_vit_to_mmpretrain.py SRC DST [--show]
+    python tools/model_converters/softmax_vit_to_mmpretrain.py SRC DST [--show] [--num-heads N]
 
-The source is read with ``torch.load(weights_only=True)``; the output is
-``{'state_dict': {'backbone.*', 'head.*'}, 'meta': {...}}`` and loads the same way.
+The source is read without running anything it pickles (see ``load_softmax_checkpoint``);
+the output is ``{'state_dict': {'backbone.*', 'head.*'}, 'meta': {...}}`` and loads the same
+way. ``--num-heads`` states the head count of a checkpoint that does not record it; it is
+checked and written to ``meta['num_heads']``, where the transfer reads it.
 """
 import argparse
 import os
@@ -20,16 +22,30 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description='Convert a Softmax ViT checkpoint to an mmpretrain-format checkpoint.')
     parser.add_argument('src', help='source checkpoint (.pth / .pth.tar)')
-    parser.add_argument('dst', help='where to write the mmpretrain-format checkpoint')
+    parser.add_argument('dst', help='where to write the mmpretrain-format checkpoint (not SRC)')
     parser.add_argument('--show', action='store_true',
                         help='also list every converted tensor and every unused key')
+    parser.add_argument('--num-heads', type=int, default=None,
+                        help="the checkpoint's number of attention heads, when it does not "
+                             'record it (checked against its width and metadata)')
     return parser.parse_args(argv)
+
+
+def same_file(src, dst):
+    """Whether writing ``dst`` would overwrite ``src`` (same path, a link to it, a hard link)."""
+    if osp.realpath(src) == osp.realpath(dst):
+        return True
+    return osp.exists(src) and osp.exists(dst) and osp.samefile(src, dst)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if same_file(args.src, args.dst):
+        print(f'error: DST {args.dst!r} is the source file {args.src!r}; writing it would '
+              f'replace the checkpoint being converted. Give another DST.', file=sys.stderr)
+        return 1
     try:
-        ckpt = load_softmax_checkpoint(args.src)
+        ckpt = load_softmax_checkpoint(args.src, num_heads=args.num_heads)
     except (FileNotFoundError, ValueError) as err:
         print(f'error: {err}', file=sys.stderr)
         return 1

@@ -1,0 +1,204 @@
+"""What must hold before a Softmax checkpoint is copied, beyond tensor shapes.
+
+- The head count: no shape tells how many heads a checkpoint's attention has, and copied
+  ``q``/``k``/``v`` rows split into other heads compute another function.
+- Completeness: every selected component the module has must come from the checkpoint, and
+  wholly. A component is judged per block for the block components (``attention``,
+  ``mlp``, ``norms``) and as a whole for the norms outside the blocks and the other
+  components; a part copied next to tensors that keep their own init computes neither the
+  checkpoint's function nor a fresh one.
+"""
+from collections import OrderedDict
+
+from linvit_mm.models.attention import OWN_INIT, WHOLE, BaseAttention
+
+from .settings import COMPONENTS, block_index, component_of
+
+__all__ = ['attention_operators', 'check_head_counts', 'check_complete']
+
+_MAX_LISTED_NAMES = 4
+_MAX_LISTED_PARTS = 5
+# Components judged block by block for completeness.
+_BLOCK_COMPONENTS = ('attention', 'mlp', 'norms')
+
+
+def attention_operators(module):
+    """``(name, operator)`` of every attention operator in ``module``."""
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, BaseAttention)]
+
+
+# --------------------------------------------------------------------- head count
+
+
+def check_head_counts(module, ckpt, selected, notes, warnings):
+    """Compare the checkpoint's head count with the model's operators.
+
+    Refuses copying attention into operators with another count; notes a difference
+    that does not matter (attention not copied); warns when the checkpoint's count is
+    unknown and attention is copied.
+
+    Returns:
+        dict: ``{'checkpoint': count or None, 'model': sorted operator counts}``, or None
+        when no checkpoint was read.
+    """
+    if ckpt is None:
+        return None
+    # Only operators that take the checkpoint's qkv rows split them into heads.
+    heads = OrderedDict((name, operator.num_heads) for name, operator in attention_operators(module)
+                        if operator.softmax_fill.get('qkv', WHOLE) != OWN_INIT)
+    model_counts = sorted(set(heads.values()))
+    summary = {'checkpoint': ckpt.num_heads, 'model': model_counts}
+    if not heads:
+        return summary
+    copies_attention = 'attention' in selected
+    if ckpt.num_heads is None:
+        if copies_attention:
+            warnings.append(
+                f'the checkpoint does not state its number of attention heads, so the copied '
+                f'attention is taken to have the model\'s ({_counts_text(model_counts)}); with '
+                f'another count its q/k/v rows are split into other heads and compute another '
+                f'function. State the checkpoint\'s count with num_heads=N (SoftmaxTransfer, '
+                f'transfer_softmax_weights, load_softmax_checkpoint; --num-heads of the '
+                f'converter) to have it checked')
+        return summary
+    differ = [name for name, count in heads.items() if count != ckpt.num_heads]
+    if not differ:
+        return summary
+    text = (f'the checkpoint has {ckpt.num_heads} attention heads ({ckpt.num_heads_from}), '
+            f'the {type(module).__name__}\'s attention operators have '
+            f'{_counts_text(sorted({heads[name] for name in differ}))} '
+            f'({_names_text(differ)})')
+    if not copies_attention:
+        notes.append(f'{text}; only the attention depends on the head count, and it is not '
+                     f'copied')
+        return summary
+    raise ValueError(
+        f'{text}. The copied q/k/v rows would be split into other heads than they were '
+        f'trained in, and the attention would compute another function. Nothing was copied. '
+        f'Build the model with the checkpoint\'s head count (an arch with '
+        f'num_heads={ckpt.num_heads}, e.g. arch=dict(embed_dims=..., num_layers=..., '
+        f'num_heads={ckpt.num_heads}, feedforward_channels=...)), or copy without the '
+        f'attention component (e.g. setting=\'mlpcopy\'). If the checkpoint\'s count is '
+        f'wrong, give the right one with num_heads=.')
+
+
+def _counts_text(counts):
+    return ' or '.join(str(count) for count in counts) + ' heads'
+
+
+def _names_text(names):
+    names = list(names)
+    more = f', ... ({len(names)} in all)' if len(names) > _MAX_LISTED_NAMES else ''
+    return ', '.join(names[:_MAX_LISTED_NAMES]) + more
+
+
+# --------------------------------------------------------------------- completeness
+
+
+def check_complete(module, ckpt, plan, what, selected, prefix, allow_partial, notes, warnings):
+    """Refuse a copy that would fill a selected component only partly (or not at all).
+
+    A setting that selects no component the module has (``copy`` given to a classifier
+    head) copies nothing into it, and says so in ``notes``: the same setting name then serves
+    the backbone and the head of a config. A ``prefix`` under which no tensor of the module is
+    a Softmax ViT tensor is an error (a mistyped prefix).
+
+    Returns:
+        dict: the components copied in part, ``{component: {block or None: [absent
+        names]}}`` (empty unless ``allow_partial``).
+    """
+    if ckpt is None:
+        return {}
+    module_name = type(module).__name__
+    if not plan['module_components']:
+        first = next(iter(module.state_dict()), None)
+        example = f' (e.g. {prefix}{first})' if first is not None else ''
+        raise ValueError(
+            f"{what}: under prefix '{prefix}' no tensor of the {module_name} is a Softmax ViT "
+            f"tensor{example}, and the checkpoint holds its {len(ckpt.state_dict)} tensors "
+            f"under {_held_text(ckpt)}. Nothing was copied. Give the module's place in "
+            f"mmpretrain names: 'backbone.' for a backbone, 'head.' for a classifier head, "
+            f"'' for a whole ImageClassifier.")
+    # component -> block index (None: outside the blocks, or not a block component)
+    #   -> ([names found], [names absent])
+    units = OrderedDict()
+    for rel, present in plan['found'].items():
+        component = component_of(prefix + rel)
+        block = block_index(prefix + rel) if component in _BLOCK_COMPONENTS else None
+        names = units.setdefault(component, OrderedDict()).setdefault(block, ([], []))
+        names[0 if present else 1].append(rel)
+    if not units:
+        has = [component for component in COMPONENTS if component in plan['module_components']]
+        notes.append(f'{what} copies nothing into the {module_name}: it has none of the '
+                     f'selected components that a checkpoint fills (it has {has}), and keeps '
+                     f'its own init')
+        return {}
+    missing = [component for component, blocks in units.items()
+               if not any(present for present, _ in blocks.values())]
+    lacks = _lacks_text(ckpt, module_name, selected, missing, units, prefix)
+    if not plan['ckpt_tensors']:
+        raise ValueError(
+            f"{what}: the checkpoint has no tensor under prefix '{prefix}' (it holds its "
+            f'{len(ckpt.state_dict)} tensors under {_held_text(ckpt)}): {lacks} Nothing was '
+            f'copied. If the prefix is wrong, give the module\'s place in mmpretrain names.'
+            + _checkpoint_notes(ckpt))
+    if missing:
+        raise ValueError(f'{what}: {lacks} Nothing was copied.' + _checkpoint_notes(ckpt))
+
+    in_part = OrderedDict()
+    for component, blocks in units.items():
+        lacking = OrderedDict((block, absent) for block, (_, absent) in blocks.items() if absent)
+        if lacking:
+            in_part[component] = lacking
+    if not in_part:
+        return {}
+    lines = [f'{_unit_text(component, block)}: {_names_text(absent)}'
+             for component, lacking in in_part.items() for block, absent in lacking.items()]
+    shown = lines[:_MAX_LISTED_PARTS]
+    if len(lines) > len(shown):
+        shown.append(f'... ({len(lines)} parts in all)')
+    if allow_partial:
+        warnings.append('copied in part (allow_partial=True); absent in the checkpoint, these '
+                        'keep their own init next to copied tensors:\n  ' + '\n  '.join(shown))
+        return in_part
+    raise ValueError(
+        f'{what}: the checkpoint ({ckpt.source_format} layout) holds '
+        f'{", ".join(in_part)} only in part; absent in it:\n  ' + '\n  '.join(shown)
+        + f'\nCopied next to tensors that keep their own init, the rest would compute neither '
+        f'the checkpoint\'s function nor a fresh one. Nothing was copied. Use a complete '
+        f'checkpoint, copy without the component, or pass allow_partial=True to copy what '
+        f'there is (the report then lists what was left out).' + _checkpoint_notes(ckpt))
+
+
+def _lacks_text(ckpt, module_name, selected, missing, units, prefix):
+    """Why copying the components ``missing`` is refused, and what to do instead."""
+    absent = [name for component in missing for _, names in units[component].items()
+              for name in names[1]]
+    rest = [component for component in selected if component not in missing]
+    instead = (f'copy without them (components={rest})' if rest
+               else 'leave this module out of the transfer')
+    return (f'the checkpoint ({ckpt.source_format} layout) has no tensor of the component(s) '
+            f'{missing} that the {module_name} has ({_names_text(absent)} under prefix '
+            f"'{prefix}'), so they would keep their own init: {instead}, or use a checkpoint "
+            f'that has them.')
+
+
+def _held_text(ckpt):
+    """``'backbone.' (150), 'head.' (2)``: the first name parts of the checkpoint's tensors."""
+    starts = OrderedDict()
+    for name in ckpt.state_dict:
+        start = name.split('.', 1)[0] + '.'
+        starts[start] = starts.get(start, 0) + 1
+    return ', '.join(f"'{start}' ({count})" for start, count in starts.items())
+
+
+def _unit_text(component, block):
+    if block is not None:
+        return f'{component} of block {block}'
+    if component in _BLOCK_COMPONENTS:
+        return f'{component} outside the blocks'
+    return component
+
+
+def _checkpoint_notes(ckpt):
+    return ''.join(f'\n  checkpoint note: {note}' for note in ckpt.notes)

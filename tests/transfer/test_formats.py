@@ -1,0 +1,144 @@
+"""Reading checkpoint files and finding the Softmax encoder inside them: what is refused."""
+import argparse
+import pickle
+import re
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+import torch
+from mmengine.logging import HistoryBuffer
+
+from linvit_mm.models import LinearViT
+from linvit_mm.transfer import load_softmax_checkpoint
+from linvit_mm.transfer.formats import KNOWN_FORMATS
+
+
+def test_missing_file_names_the_path(tmp_path):
+    path = tmp_path / 'nowhere' / 'deit.pth'
+    with pytest.raises(FileNotFoundError, match='nowhere'):
+        load_softmax_checkpoint(path)
+
+
+@pytest.mark.parametrize('content', [
+    {'conv1.weight': torch.zeros(1), 'fc.weight': torch.zeros(1)},
+    {'state_dict': {'backbone.stages.0.conv.weight': torch.zeros(1)}},
+    {'epoch': 3, 'optimizer': {}},
+], ids=['resnet-like', 'mmpretrain-non-vit', 'no-weights'])
+def test_unrecognised_layout_lists_keys_and_formats(content, tmp_path):
+    path = tmp_path / 'other.pth'
+    torch.save(content, path)
+    with pytest.raises(ValueError, match='unrecognised checkpoint layout') as info:
+        load_softmax_checkpoint(path)
+    message = str(info.value)
+    assert list(content)[0] in message
+    assert all(name in message for name in KNOWN_FORMATS)
+
+
+def test_non_checkpoint_files_are_rejected(tmp_path):
+    text = tmp_path / 'notes.txt'
+    text.write_text('not a checkpoint\n')
+    empty = tmp_path / 'empty.pth'
+    empty.write_bytes(b'')
+    for path in (text, empty):
+        with pytest.raises(ValueError, match='is not a PyTorch checkpoint'):
+            load_softmax_checkpoint(path)
+    tensor_file = tmp_path / 'tensor.pth'
+    torch.save(torch.zeros(3), tensor_file)
+    with pytest.raises(ValueError, match='dict-like'):
+        load_softmax_checkpoint(tensor_file)
+    with pytest.raises(TypeError, match='checkpoint path or a loaded'):
+        load_softmax_checkpoint(42)
+
+
+class _WritesAFile:
+    """Unpickling this object runs code that creates ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f'open({self.marker!r}, "w").close()',)
+
+
+def test_malicious_pickle_is_refused_and_never_runs(timm_sd, tmp_path):
+    proof = tmp_path / 'proof'
+    pickle.loads(pickle.dumps(_WritesAFile(proof)))
+    assert proof.exists(), 'the payload must really run when unpickled unsafely'
+
+    marker = tmp_path / 'pwned'
+    path = tmp_path / 'evil.pth'
+    torch.save({'model': timm_sd, 'args': _WritesAFile(marker)}, path)
+    with pytest.raises(ValueError, match=r"refused to load.*'(builtins\.)?exec'"):
+        load_softmax_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_numpy_metadata_and_namespace_args_load(timm_sd, tmp_path):
+    path = tmp_path / 'with_numpy.pth'
+    torch.save({'model': timm_sd, 'best_acc': np.float64(72.2), 'seed': np.arange(2),
+                'args': argparse.Namespace(model='deit_tiny_patch16_224')}, path)
+    assert load_softmax_checkpoint(path).source_format == 'deit-official'
+
+
+def test_run_checkpoint_with_message_hub_is_read(tmp_path):
+    # A Softmax model trained by this project's own tools (an mmengine run checkpoint) can
+    # seed the transfer: the demo pre-trains its teacher with tools/train.py.
+    vit = LinearViT(arch=dict(embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=64),
+                    attn_type='softmax', img_size=32)
+    state = {f'backbone.{k}': v for k, v in vit.state_dict().items()}
+    state['head.layers.head.weight'] = torch.zeros(6, 32)
+    state['head.layers.head.bias'] = torch.zeros(6)
+    buffer = HistoryBuffer()
+    buffer.update(np.float64(1.0))
+    path = tmp_path / 'iter_600.pth'
+    torch.save({'meta': {'iter': 600, 'seed': np.int64(0)}, 'state_dict': state,
+                'message_hub': {'log_scalars': {'train/loss': buffer}},
+                'optimizer': {'state': {}, 'param_groups': []}}, path)
+    ckpt = load_softmax_checkpoint(str(path))
+    assert ckpt.source_format == 'mmpretrain'
+    assert ckpt.embed_dims == 32 and ckpt.depth == 2
+    assert torch.equal(ckpt.state_dict['backbone.layers.1.attn.qkv.weight'],
+                       vit.layers[1].attn.qkv.weight)
+
+
+# ------------------------------------------------------------------ non-finite tensors
+
+
+def test_nan_and_inf_are_refused_naming_the_tensors(timm_sd, tmp_path):
+    sd = OrderedDict(timm_sd)
+    sd['blocks.3.mlp.fc1.weight'] = sd['blocks.3.mlp.fc1.weight'].clone()
+    sd['blocks.3.mlp.fc1.weight'][0, :2] = float('nan')
+    sd['blocks.5.attn.qkv.bias'] = sd['blocks.5.attn.qkv.bias'].clone()
+    sd['blocks.5.attn.qkv.bias'][7] = float('inf')
+    path = tmp_path / 'diverged.pth'
+    torch.save({'model': sd}, path)
+    with pytest.raises(ValueError) as info:
+        load_softmax_checkpoint(path)
+    message = str(info.value)
+    assert '2 tensor(s) hold non-finite values' in message
+    assert ('backbone.layers.3.ffn.layers.0.0.weight (blocks.3.mlp.fc1.weight): 2 NaN of '
+            '147456') in message
+    assert 'backbone.layers.5.attn.qkv.bias (blocks.5.attn.qkv.bias): 1 Inf of 576' in message
+    assert str(path) in message
+
+
+def test_many_non_finite_tensors_are_counted_and_the_first_named(timm_sd):
+    sd = OrderedDict((k, torch.full_like(v, float('nan')) if k.startswith('blocks.') else v)
+                     for k, v in timm_sd.items())
+    with pytest.raises(ValueError) as info:
+        load_softmax_checkpoint(sd)
+    message = str(info.value)
+    assert message.startswith('the given checkpoint: 144 tensor(s) hold non-finite values')
+    assert len(re.findall(r'^  backbone\.layers\.0\.', message, re.M)) == 5
+    assert '... and 139 more' in message
+
+
+def test_non_finite_values_outside_the_encoder_are_not_read(timm_sd):
+    # The MAE decoder is never copied: a NaN there does not stop the encoder's transfer.
+    raw = {'model': OrderedDict(timm_sd, **{
+        'decoder_embed.weight': torch.full((16, 192), float('nan')),
+        'mask_token': torch.zeros(1, 1, 16)})}
+    ckpt = load_softmax_checkpoint(raw)
+    assert ckpt.source_format == 'mae'
+    assert 'MAE decoder' in ckpt.unused_groups

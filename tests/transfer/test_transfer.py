@@ -1,0 +1,245 @@
+"""transfer_softmax_weights: what each setting copies into every operator, what a misfit
+checkpoint (shapes, depth, unreadable, non-finite) is refused for, and the report counts."""
+import re
+from collections import OrderedDict
+
+import pytest
+import timm
+import torch
+
+from linvit_mm.models.attention import (LEADING_ROWS, OWN_INIT, WHOLE, attention_class,
+                                        attention_types)
+from linvit_mm.transfer import COMPONENTS, transfer_softmax_weights
+
+SETTINGS = ('random', 'mimetic', 'impulse', 'copy', 'mlpcopy', 'fullcopy')
+C = 192  # DeiT-Tiny width
+
+# Which backbone tensors each copying setting takes (rows of wider layers handled below).
+INTENDED = {
+    'random': None,
+    'mimetic': None,
+    'impulse': None,
+    'copy': re.compile(r'layers\.\d+\.attn\.(qkv|proj)\.(weight|bias)$'),
+    'mlpcopy': re.compile(r'layers\.\d+\.(ffn\.layers\.(0\.0|1)|ln2)\.(weight|bias)$'),
+    'fullcopy': re.compile(r'.*'),
+}
+
+
+def expected_copies(attn_type, setting, result, sources):
+    """{name: number of leading rows copied, or None for the whole tensor}."""
+    pattern = INTENDED[setting]
+    if pattern is None:
+        return {}
+    fill = attention_class(attn_type).softmax_fill
+    copies = {}
+    for name, value in result.items():
+        if not pattern.match(name) or name not in sources:
+            continue
+        layer = re.match(r'layers\.\d+\.attn\.(qkv|proj)\.', name)
+        kind = fill.get(layer.group(1), WHOLE) if layer else WHOLE
+        if kind == OWN_INIT:
+            continue
+        wider = kind == LEADING_ROWS and value.shape != sources[name].shape
+        copies[name] = sources[name].shape[0] if wider else None
+    return copies
+
+
+# --------------------------------------------------------------- every setting x operator
+
+
+@pytest.mark.parametrize('setting', SETTINGS)
+@pytest.mark.parametrize('attn_type', attention_types())
+def test_setting_copies_exactly_the_intended_tensors(attn_type, setting, ckpt_paths, sources,
+                                                     random_state, build, state,
+                                                     assert_same_state):
+    reference = random_state(attn_type)
+    model = build(attn_type)
+    operator = attention_class(attn_type)
+    if setting in ('mimetic', 'impulse') and not operator.has_qk_form:
+        with pytest.raises(ValueError, match=rf"not defined for the '{attn_type}'.*QK\^T"):
+            transfer_softmax_weights(model, None, setting=setting)
+        assert_same_state(state(model), reference)
+        return
+
+    checkpoint = None if setting in ('random', 'mimetic', 'impulse') else ckpt_paths['timm']
+    report = transfer_softmax_weights(model, checkpoint, setting=setting)
+    result = state(model)
+    copies = expected_copies(attn_type, setting, result, sources)
+    analytic = set()
+    if setting in ('mimetic', 'impulse'):
+        analytic = {f'layers.{i}.attn.{layer}.weight' for i in range(12)
+                    for layer in ('qkv', 'proj')}
+        if setting == 'impulse' and model.pos_embed is not None:
+            analytic.add('pos_embed')
+
+    assert list(result) == list(reference)
+    for name, value in result.items():
+        if name in copies:
+            rows = copies[name]
+            if rows is None:
+                assert torch.equal(value, sources[name]), name
+            else:
+                assert torch.equal(value[:rows], sources[name]), name
+                assert torch.equal(value[rows:], reference[name][rows:]), name
+        elif name == 'pos_embed' and setting == 'impulse':
+            # the learned embedding is scaled so it dominates the patch embedding
+            assert torch.equal(value, reference[name] * 18.), name
+        elif name in analytic:
+            assert not torch.equal(value, reference[name]), name
+        else:
+            assert torch.equal(value, reference[name]), name
+    assert set(report['copied']) == set(copies)
+    assert set(report['analytic']) == analytic
+    if setting in ('copy', 'fullcopy'):
+        assert set(report['partial']) == {n for n, rows in copies.items() if rows}
+        for layer, fill in operator.softmax_fill.items():
+            if fill == OWN_INIT:
+                reason = report['kept own init'][f'layers.0.attn.{layer}.weight']
+                assert 'operator-specific' in reason
+
+
+def test_ttt_takes_the_leading_qkv_rows_only(ckpt_paths, sources, build):
+    model = build('ttt')
+    report = transfer_softmax_weights(model, ckpt_paths['timm'], setting='copy')
+    assert model.layers[0].attn.qkv.weight.shape[0] > 3 * C
+    assert torch.equal(model.layers[0].attn.qkv.weight[:3 * C],
+                       sources['layers.0.attn.qkv.weight'])
+    assert report['partial']['layers.0.attn.qkv.weight'].startswith(f'rows 0:{3 * C} of ')
+
+
+@pytest.mark.parametrize('layout', ['deit-official', 'timm', 'mmpretrain'])
+def test_fullcopy_reads_every_layout_alike(layout, ckpt_paths, sources, build, state,
+                                           assert_same_state):
+    model = build('softmax')
+    report = transfer_softmax_weights(model, ckpt_paths[layout], setting='fullcopy')
+    assert report['source_format'] == layout
+    assert_same_state(state(model), OrderedDict((k, sources[k]) for k in model.state_dict()))
+
+
+def test_component_form_ablates_one_component(ckpt_paths, sources, random_state, build, state,
+                                              assert_same_state):
+    without_cls = [name for name in COMPONENTS if name != 'cls_token']
+    model = build('softmax')
+    report = transfer_softmax_weights(model, ckpt_paths['timm'], components=without_cls)
+    assert report['setting'] is None and report['components'] == without_cls
+    assert report['kept own init'] == {'cls_token': 'not selected'}
+    result = state(model)
+    assert torch.equal(result['cls_token'], random_state('softmax')['cls_token'])
+    for name, value in result.items():
+        if name != 'cls_token':
+            assert torch.equal(value, sources[name]), name
+
+    every = build('softmax')
+    transfer_softmax_weights(every, ckpt_paths['timm'], components=list(COMPONENTS))
+    full = build('softmax')
+    transfer_softmax_weights(full, ckpt_paths['timm'], setting='fullcopy')
+    assert_same_state(state(every), state(full))
+
+
+def test_pos_embed_is_resized_to_the_model_grid(ckpt_paths, timm_sd, build):
+    from mmpretrain.models.utils import resize_pos_embed
+    model = build('relu', img_size=112)
+    report = transfer_softmax_weights(model, ckpt_paths['timm'], setting='fullcopy')
+    expected = resize_pos_embed(timm_sd['pos_embed'], (14, 14), (7, 7), 'bicubic', 1)
+    assert model.pos_embed.shape == (1, 50, C)
+    assert torch.equal(model.pos_embed.detach(), expected)
+    assert 'pos_embed' in report['copied']
+    assert any('resized from 14x14 to 7x7' in note for note in report['notes'])
+
+
+def test_a_bare_conv_patch_embedding_is_copied(timm_sd, sources, build):
+    sd = OrderedDict((k.replace('patch_embed.proj.', 'patch_embed.'), v)
+                     for k, v in timm_sd.items())
+    model = build('softmax')
+    report = transfer_softmax_weights(model, sd, setting='fullcopy')
+    assert report['counts']['patch_embed']['copied'] == 2
+    assert torch.equal(model.patch_embed.projection.weight,
+                       sources['patch_embed.projection.weight'])
+
+
+# --------------------------------------------------------------- shape errors
+
+
+@pytest.mark.parametrize('setting,first', [
+    ('fullcopy', 'backbone.cls_token: checkpoint (1, 1, 768) vs model (1, 1, 192)'),
+    ('mlpcopy', 'backbone.layers.0.ln2.weight: checkpoint (768,) vs model (192,)'),
+], ids=['fullcopy', 'mlpcopy'])
+def test_deit_base_into_tiny_names_the_mismatch_and_copies_nothing(setting, first, build,
+                                                                   refuses):
+    torch.manual_seed(0)
+    base_sd = timm.create_model('deit_base_patch16_224', pretrained=False).state_dict()
+    message = refuses(build('relu'), {'model': base_sd}, setting=setting)
+    assert first in message.splitlines()[2]
+    assert 'embed_dims=768' in message and 'Nothing was copied' in message
+
+
+def test_one_misfit_tensor_stops_every_copy(timm_sd, build, refuses):
+    sd = OrderedDict(timm_sd)
+    sd['blocks.11.mlp.fc1.weight'] = sd['blocks.11.mlp.fc1.weight'][:700]
+    refuses(build('elu'), sd, setting='fullcopy', match=re.escape(
+        'backbone.layers.11.ffn.layers.0.0.weight: checkpoint (700, 192) vs model (768, 192)'))
+
+
+def test_depth_mismatch_names_the_missing_blocks(timm_sd, build, refuses):
+    shallow = OrderedDict((k, v) for k, v in timm_sd.items()
+                          if not re.match(r'blocks\.([6-9]|1[01])\.', k))
+    refuses(build('inline'), shallow, setting='mlpcopy',
+            match=r'depth differs: the model has 12 blocks, the checkpoint 6; blocks 6-11 of '
+                  r'the model are not in the checkpoint')
+
+
+def test_unreadable_or_missing_checkpoints(tmp_path, build):
+    model = build('softmax')
+    wrong_layout = tmp_path / 'optimizer.pth'
+    torch.save({'optimizer': {'lr': torch.tensor(0.1)}, 'epoch': 3}, wrong_layout)
+    with pytest.raises(ValueError, match='unrecognised checkpoint layout.*Known formats'):
+        transfer_softmax_weights(model, wrong_layout, setting='copy')
+    truncated = tmp_path / 'interrupted_download.pth'
+    torch.save({'model': {'pos_embed': torch.zeros(1, 197, C)}}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:300])
+    with pytest.raises(ValueError, match='is not a PyTorch checkpoint'):
+        transfer_softmax_weights(model, truncated, setting='copy')
+    with pytest.raises(FileNotFoundError, match='missing.pth'):
+        transfer_softmax_weights(model, tmp_path / 'missing.pth', setting='copy')
+    with pytest.raises(ValueError, match='checkpoint is None'):
+        transfer_softmax_weights(model, None, setting='fullcopy')
+
+
+def test_non_finite_checkpoint_copies_nothing(timm_sd, build, refuses):
+    sd = OrderedDict(timm_sd, **{'blocks.0.norm2.weight': torch.full((C, ), float('nan'))})
+    refuses(build('relu'), sd, setting='mlpcopy',
+            match=r'backbone\.layers\.0\.ln2\.weight \(blocks\.0\.norm2\.weight\): 192 NaN of 192')
+
+
+def test_bad_options_list_the_valid_ones(ckpt_paths, build):
+    model = build('softmax')
+    with pytest.raises(ValueError, match='random, mimetic, impulse, copy, mlpcopy, fullcopy'):
+        transfer_softmax_weights(model, ckpt_paths['timm'], setting='fullcpy')
+    with pytest.raises(ValueError, match='valid options are'):
+        transfer_softmax_weights(model, setting='mimetic', analytic_cfg=dict(alpha=1.))
+
+
+# --------------------------------------------------------------- report
+
+
+@pytest.mark.parametrize('attn_type,counts', [
+    ('mhla', {'attention': (48, 36, 0), 'pos_embed': (0, 0, 1), 'cls_token': (0, 0, 1)}),
+    ('ttt', {'attention': (24, 84, 0), 'pos_embed': (0, 0, 1), 'cls_token': (0, 0, 1)}),
+    ('softmax', {'attention': (48, 0, 0), 'pos_embed': (1, 0, 0), 'cls_token': (1, 0, 0)}),
+], ids=['mhla', 'ttt', 'softmax'])
+def test_report_counts(attn_type, counts, ckpt_paths, build):
+    model = build(attn_type)
+    report = transfer_softmax_weights(model, ckpt_paths['timm'], setting='fullcopy')
+    for component, (copied, kept, not_in_model) in counts.items():
+        row = report['counts'][component]
+        assert (row['copied'], row['kept own init'], row['not in model']) == (
+            copied, kept, not_in_model), component
+    assert report['counts']['mlp']['copied'] == 72  # fc1, fc2, ln2 of 12 blocks
+    assert report['counts']['norms']['copied'] == 26  # ln1 of 12 blocks, final norm
+    module_states = ('copied', 'analytic', 'kept own init', 'absent in checkpoint')
+    assert sum(row[key] for row in report['counts'].values()
+               for key in module_states) == len(model.state_dict())
+    assert len(report['copied']) == sum(row['copied'] for row in report['counts'].values())
+    if attn_type == 'mhla':
+        assert report['not in model'] == ['cls_token', 'pos_embed']
+        assert report['kept own init']['layers.3.attn.block_mixing'] == 'operator-specific'
