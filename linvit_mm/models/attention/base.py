@@ -11,8 +11,11 @@ from abc import ABCMeta, abstractmethod
 
 import torch
 from mmengine.registry import Registry
+from mmpretrain.models.utils import LayerScale
 from mmpretrain.registry import MODELS
 from torch import nn
+
+from ..utils.rope import build_rope
 
 # A child of mmpretrain's model registry, so third-party operators register with
 # ``@ATTENTIONS.register_module()`` in a module that ``custom_imports`` loads, and a lookup
@@ -80,6 +83,21 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
     tensor), ``forward_reference`` (an explicit O(N^2) form from the same parameters,
     the test oracle) and ``core_macs``. Operators whose attention can be written as an
     N x N map set ``has_map`` and implement ``attention_map``, the one way to get it.
+
+    Two switches every operator takes, so that the signature stays ``(x, hw_shape)``
+    wherever an operator is called (the blocks, the ViT-Adapter, the distillation hook):
+
+    * ``rope``: a 2-D rotary position embedding (``RotaryPositionEmbedding2D`` or its config
+      dict) that the operator holds and applies to the patch tokens of the grid it is given;
+      leading extra tokens are never rotated. Each operator's docstring says where it
+      rotates; ``core_macs`` counts the rotation (two multiply-accumulates per rotated
+      element).
+    * ``layer_scale_init_value``: > 0 adds LayerScale ``gamma1`` (mmpretrain's
+      ``MultiheadAttention`` name and place, ``attn.gamma1.weight``) after ``proj``. It is
+      part of the operator's output, so the distillation hook, which records that output,
+      compares what each block adds to its residual stream: a function of the checkpoint,
+      whereas the output before ``gamma1`` depends on how training happened to split a
+      per-channel scale between ``proj`` and ``gamma1``.
     """
 
     attn_type = None
@@ -91,6 +109,10 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
     # Attention dropout acts on the N x N map; only operators whose forward forms it
     # (softmax) can apply it, the linear ones refuse a nonzero rate.
     supports_attn_drop = False
+    # Whether the operator applies a 2-D RoPE (``rope``); one that cannot says why in
+    # ``rope_absent_because`` and refuses it.
+    supports_rope = True
+    rope_absent_because = None
     # Whether each head scores token pairs through a bilinear form q_i^T k_j of the
     # ``qkv`` rows, which the analytic initialisations (Mimetic, Impulse) shape. An
     # operator without one says why in ``qk_form_absent_because``.
@@ -103,7 +125,8 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
     # backbone benchmark holds the operator to at long sequences (None: no target).
     bound_fraction_target = None
 
-    def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.):
+    def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
+                 rope=None, layer_scale_init_value=0.):
         super().__init__()
         if embed_dims % num_heads != 0:
             raise ValueError(f'embed_dims={embed_dims} is not divisible by num_heads={num_heads}')
@@ -117,6 +140,15 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
         self.scale = self.head_dims**-0.5
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
+        if rope is not None and not self.supports_rope:
+            raise ValueError(f'rope={rope!r}: the {self.attn_type!r} operator does not carry '
+                             f'RoPE ({self.rope_absent_because}); use rope=None')
+        self.rope = build_rope(rope, self.head_dims)
+        if layer_scale_init_value < 0:
+            raise ValueError(f'layer_scale_init_value must be >= 0 (0: no LayerScale), got '
+                             f'{layer_scale_init_value}')
+        self.gamma1 = (LayerScale(embed_dims, layer_scale_init_value)
+                       if layer_scale_init_value > 0 else nn.Identity())
 
     @staticmethod
     def num_extra_tokens(x, hw_shape):
@@ -136,6 +168,20 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
         """``(B, heads, N, head_dims)`` -> ``(B, N, heads*head_dims)``."""
         B, h, N, d = x.shape
         return x.transpose(1, 2).reshape(B, N, h * d)
+
+    def rotation(self, hw_shape, num_extra, like):
+        """The RoPE ``GridRotation`` of ``num_extra`` extra tokens and the grid (extra
+        tokens unrotated), in ``like``'s device and at least float32; ``None`` without RoPE."""
+        return None if self.rope is None else self.rope(hw_shape, num_extra, like)
+
+    def rotation_macs(self, num_rotated_tokens):
+        """Multiply-accumulates of rotating queries and keys of ``num_rotated_tokens`` tokens
+        (``t cos + partner(t) sin``: two per element); 0 without RoPE."""
+        return 0 if self.rope is None else 2 * 2 * num_rotated_tokens * self.embed_dims
+
+    def project(self, x):
+        """``proj``, its dropout and LayerScale: ``(B, N, proj inputs)`` -> ``(B, N, C)``."""
+        return self.gamma1(self.proj_drop(self.proj(x)))
 
     @abstractmethod
     def forward(self, x, hw_shape):

@@ -101,16 +101,15 @@ class HedgehogAttention(LinearMapAttention):
     # shift and exponential, the query softmax, the log-softmax of the 'softmax' map) that
     # the MAC count does not see.
     bound_fraction_target = .80
+    # The fast form scales each key feature by exp(-K_m) and its queries by exp(K_m); that
+    # commutes with a rotation of feature pairs only if both features of a pair share the
+    # scale, which needs its own derivation (and oracle) first. BaseAttention refuses rope.
+    supports_rope = False
+    rope_absent_because = ('its per-feature key scaling does not commute with rotated '
+                           'feature pairs')
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  feature_map='softmax', **base_switches):
-        if base_switches.get('rope') is not None:
-            # The fast form scales each key feature by exp(-K_m) and its queries by exp(K_m);
-            # that commutes with a rotation of feature pairs only if both features of a pair
-            # share the scale, which needs its own derivation (and oracle) first.
-            raise ValueError(f'rope={base_switches["rope"]!r}: the hedgehog operator does not '
-                             f'carry RoPE (its per-feature key scaling does not commute with '
-                             f'rotated feature pairs); use rope=None')
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                          proj_drop=proj_drop, **base_switches)
         if feature_map not in FEATURE_MAPS:

@@ -47,6 +47,16 @@ class KernelAttention(LinearMapAttention):
     fp16 and loses mass in bf16); the result returns to the dtype of the
     projections' output before ``proj``.
 
+    RoPE (RoFormer, Su et al., Sec. 3.4.3): the rotation acts on the features, in the
+    numerator only,
+    ``out_i = (R_i phi(q_i))^T sum_j (R_j phi(k_j)) v_j^T / (phi(q_i)^T sum_j phi(k_j) + eps)``.
+    Rotating ``q``, ``k`` before ``phi`` would not be a rotation of the scores at all (phi is
+    not equivariant), and a rotated normaliser could vanish or turn negative; the
+    un-rotated one stays positive, so a row is still a weighted sum with positive total
+    weight in its denominator. Still O(N d^2): ``sum_j (R_j phi(k_j)) v_j^T`` is one
+    ``d x d`` state. The map (``attention_map``) is ``A_ij = (R_i phi(q_i))^T (R_j phi(k_j))
+    / (phi(q_i)^T sum_l phi(k_l) + eps)``; its rows no longer sum to one.
+
     Args:
         feature_map (str): ``'elu'`` (``elu(x) + 1``) or ``'relu'``.
         eps (float): added to the normaliser. relu can zero a whole query (all its
@@ -57,9 +67,10 @@ class KernelAttention(LinearMapAttention):
     """
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 feature_map='relu', eps=1e-6):
+                 rope=None, layer_scale_init_value=0., feature_map='relu', eps=1e-6):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                         proj_drop=proj_drop)
+                         proj_drop=proj_drop, rope=rope,
+                         layer_scale_init_value=layer_scale_init_value)
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f'unknown feature_map {feature_map!r}; valid feature maps are: '
                              f'{", ".join(sorted(FEATURE_MAPS))}')
@@ -73,28 +84,36 @@ class KernelAttention(LinearMapAttention):
         phi = FEATURE_MAPS[self.feature_map]
         return phi(q), phi(k)
 
-    def _linear(self, q, k, v):
+    def _linear(self, q, k, v, rotation=None):
         out_dtype = v.dtype
         with torch.autocast(device_type=v.device.type, enabled=False):
             q, k, v = float32_state(q, k, v)
             q, k = self._features(q, k)
-            kv_state = k.transpose(-2, -1) @ v                  # (B, h, d, d)
             normaliser = q @ k.sum(dim=-2).unsqueeze(-1)        # (B, h, N, 1)
+            if rotation is not None:
+                q, k = rotation.rotate(q), rotation.rotate(k)
+            kv_state = k.transpose(-2, -1) @ v                  # (B, h, d, d)
             out = (q @ kv_state) / (normaliser + self.eps)
         return out.to(out_dtype)
 
-    def _map(self, q, k):
-        """Row-normalised ``phi(q) phi(k)^T``, computed like the fast path (float32 state)."""
+    def _map(self, q, k, rotation=None):
+        """Row-normalised ``phi(q) phi(k)^T`` (numerator rotated by RoPE, if any), computed
+        like the fast path (float32 state)."""
         with torch.autocast(device_type=q.device.type, enabled=False):
             q, k = float32_state(q, k)
             q, k = self._features(q, k)
             scores = q @ k.transpose(-2, -1)
-            return scores / (scores.sum(dim=-1, keepdim=True) + self.eps)
+            normaliser = scores.sum(dim=-1, keepdim=True) + self.eps
+            if rotation is not None:
+                scores = rotation.rotate(q) @ rotation.rotate(k).transpose(-2, -1)
+            return scores / normaliser
 
     def core_macs(self, num_tokens, hw_shape):
-        # the d x d state and its read-out: N d^2 per head each; normaliser sum and read
+        # the d x d state and its read-out: N d^2 per head each; normaliser sum and read;
+        # RoPE on the patch tokens' features
         C, d = self.embed_dims, self.head_dims
-        return 2 * num_tokens * C * d + 2 * num_tokens * C
+        return (2 * num_tokens * C * d + 2 * num_tokens * C
+                + self.rotation_macs(hw_shape[0] * hw_shape[1]))
 
     def extra_repr(self):
         return f'{super().extra_repr()}, feature_map={self.feature_map!r}, eps={self.eps}'
@@ -105,9 +124,11 @@ class ELUAttention(KernelAttention):
     """Linear attention with ``phi = elu(x) + 1`` (Katharopoulos et al. 2020)."""
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 eps=1e-6):
+                 rope=None, layer_scale_init_value=0., eps=1e-6):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                         proj_drop=proj_drop, feature_map='elu', eps=eps)
+                         proj_drop=proj_drop, rope=rope,
+                         layer_scale_init_value=layer_scale_init_value, feature_map='elu',
+                         eps=eps)
 
 
 @register_attention('relu')
@@ -115,6 +136,8 @@ class ReLUAttention(KernelAttention):
     """Linear attention with ``phi = relu(x)``."""
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 eps=1e-6):
+                 rope=None, layer_scale_init_value=0., eps=1e-6):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                         proj_drop=proj_drop, feature_map='relu', eps=eps)
+                         proj_drop=proj_drop, rope=rope,
+                         layer_scale_init_value=layer_scale_init_value, feature_map='relu',
+                         eps=eps)

@@ -117,6 +117,12 @@ class MultiHeadLinearAttention(BaseAttention):
     dtype before the value convolution is added. Queries and keys are not scaled:
     the normaliser cancels any positive query scale.
 
+    RoPE, as for the kernel operators (RoFormer Sec. 3.4.3): the features of the patch
+    tokens are rotated in the numerator only, so a block's summary is
+    ``S_b = sum (R phi(k)) v^T`` while its normaliser ``z_b = sum phi(k)`` and the query's
+    normaliser read ``phi(q)^T sum_j W_ij z_j`` stay un-rotated (and positive); the query
+    reads the numerator with ``R_t phi(q_t)``. Extra tokens are not rotated.
+
     Args:
         num_blocks (int | tuple[int, int]): block layout ``(rows, cols)``, fixed for
             every resolution. The paper's ImageNet setting is four 7 x 7 blocks on the
@@ -140,10 +146,11 @@ class MultiHeadLinearAttention(BaseAttention):
     bound_fraction_target = .75
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 num_blocks=(2, 2), mixing_init='linear', value_kernel_size=5, eps=1e-6,
-                 feature_floor=1e-6, qk_norm=False):
+                 rope=None, layer_scale_init_value=0., num_blocks=(2, 2), mixing_init='linear',
+                 value_kernel_size=5, eps=1e-6, feature_floor=1e-6, qk_norm=False):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                         proj_drop=proj_drop)
+                         proj_drop=proj_drop, rope=rope,
+                         layer_scale_init_value=layer_scale_init_value)
         if not (isinstance(value_kernel_size, int) and value_kernel_size > 0
                 and value_kernel_size % 2 == 1):
             raise ValueError(f'value_kernel_size must be a positive odd int (same padding), '
@@ -252,6 +259,15 @@ class MultiHeadLinearAttention(BaseAttention):
         real[:hw_shape[0], :hw_shape[1]] = 1.
         return self._to_blocks(real.reshape(-1, 1), (layout.padded_h, layout.padded_w), layout)
 
+    def _block_rotation(self, hw_shape, layout, like):
+        """The RoPE rotation of the patch grid in block layout (``None`` without RoPE): its
+        tables are ``(M, block_h*block_w, d)``, zero on the padding."""
+        rotation = self.rotation(hw_shape, 0, like)
+        if rotation is None:
+            return None
+        return rotation._replace(sin=self._to_blocks(rotation.sin, hw_shape, layout),
+                                 cos=self._to_blocks(rotation.cos, hw_shape, layout))
+
     def _mixed_linear(self, qk, v, hw_shape, layout, num_extra):
         """Queries and keys ``(B, N, 2C)``, values ``(B, N, C)`` -> attention outputs of the
         patch tokens ``(B, H*W, C)`` and of the extra tokens ``(B, num_extra, C)`` (``None``
@@ -261,7 +277,9 @@ class MultiHeadLinearAttention(BaseAttention):
         queries with keys, and the values, to block-major head layout. The normaliser rides
         along with the numerator: ``z_b = phi(K_b)^T 1`` is appended to ``S_b`` as an extra
         column, so one ``M x M`` mixing and one query product produce both
-        ``phi(q)^T sum_j W_ij S_j`` and ``phi(q)^T sum_j W_ij z_j``.
+        ``phi(q)^T sum_j W_ij S_j`` and ``phi(q)^T sum_j W_ij z_j``. With RoPE the summary
+        column is built from rotated keys and read by the rotated query, the normaliser
+        column by the plain one (two query products).
         """
         B = v.shape[0]
         h, d = self.num_heads, self.head_dims
@@ -282,7 +300,9 @@ class MultiHeadLinearAttention(BaseAttention):
                 # Padded keys would add the feature floor to the normalisers.
                 k_blocks = k_blocks * self._padding_mask(hw_shape, layout, k_blocks.device,
                                                          k_blocks.dtype)
-            state = torch.cat([k_blocks.transpose(-2, -1) @ v_blocks,
+            rotation = self._block_rotation(hw_shape, layout, k_blocks)
+            summary_keys = k_blocks if rotation is None else rotation.rotate(k_blocks)
+            state = torch.cat([summary_keys.transpose(-2, -1) @ v_blocks,
                                k_blocks.sum(dim=-2).unsqueeze(-1)], dim=-1)  # (B, h, M, d, d+1)
             # A batched (M x M) @ (M x d(d+1)) product; a plain 2-D @ would be run
             # transposed, with copies in and out.
@@ -297,7 +317,11 @@ class MultiHeadLinearAttention(BaseAttention):
                                          k_extra.sum(dim=-2).unsqueeze(-1)], dim=-1)
                 # Extra tokens are global: added unmixed to what every block reads.
                 mixed = mixed + extra_state.unsqueeze(2)
-            numerator, normaliser = (q_blocks @ mixed).split([d, 1], dim=-1)
+            if rotation is None:
+                numerator, normaliser = (q_blocks @ mixed).split([d, 1], dim=-1)
+            else:
+                numerator = rotation.rotate(q_blocks) @ mixed[..., :d]
+                normaliser = q_blocks @ mixed[..., d:]
             out = self._blocks_to_tokens(numerator / (normaliser + self.eps), hw_shape, layout)
             if num_extra:
                 # Extra queries read the unmixed sum over every token.
@@ -320,7 +344,7 @@ class MultiHeadLinearAttention(BaseAttention):
         if out_extra is not None:
             # The value convolution touches patch tokens only.
             out = torch.cat([out_extra, out], dim=1)
-        return self.proj_drop(self.proj(out))
+        return self.project(out)
 
     def reference_mixing_weights(self, hw_shape, num_extra=0):
         """``(N, N)`` factor on ``phi(q_t)^T phi(k_s)``: ``W[block(t), block(s)]`` between
@@ -346,19 +370,27 @@ class MultiHeadLinearAttention(BaseAttention):
             mixing = float32_state(self.reference_mixing_weights(hw_shape, num_extra))[0]
             q, k = self._features(q, k)
             scores = mixing * (q @ k.transpose(-2, -1))
-            out = (scores @ v) / (scores.sum(dim=-1, keepdim=True) + self.eps)
+            normaliser = scores.sum(dim=-1, keepdim=True) + self.eps
+            rotation = self.rotation(hw_shape, num_extra, q)
+            if rotation is not None:
+                rotation = rotation.as_reference()
+                scores = mixing * (rotation.rotate(q) @ rotation.rotate(k).transpose(-2, -1))
+            out = (scores @ v) / normaliser
         out = self.merge_heads(out.to(out_dtype))
         out = out + self._reference_value_conv(values, hw_shape, num_extra)
-        return self.proj_drop(self.proj(out))
+        return self.project(out)
 
     def core_macs(self, num_tokens, hw_shape):
         # per padded token: its key-value outer product and the query read-out (d^2 per
-        # head each), the normaliser sum and read; the M x M mixing of every block's state
+        # head each), the normaliser sum and read; the M x M mixing of every block's state;
+        # RoPE on the (padded) patch tokens' features
         C, d = self.embed_dims, self.head_dims
         layout = self.block_layout(hw_shape)
         num_extra = num_tokens - hw_shape[0] * hw_shape[1]
-        padded = num_extra + layout.num_blocks * layout.block_h * layout.block_w
-        return 2 * padded * C * d + 2 * padded * C + layout.num_blocks**2 * C * (d + 1)
+        padded_patches = layout.num_blocks * layout.block_h * layout.block_w
+        padded = num_extra + padded_patches
+        return (2 * padded * C * d + 2 * padded * C + layout.num_blocks**2 * C * (d + 1)
+                + self.rotation_macs(padded_patches))
 
     def extra_repr(self):
         return (f'{super().extra_repr()}, num_blocks={self.num_blocks}, '

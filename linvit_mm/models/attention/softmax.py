@@ -12,6 +12,9 @@ class SoftmaxAttention(BaseAttention):
     Parameter names (``qkv``, ``proj``) match mmpretrain's ``MultiheadAttention``
     so DeiT checkpoints load by name.
 
+    RoPE: the patch tokens' queries and keys are rotated before the scores, as in EVA-02
+    and DINOv3 (timm rotates in float32 and returns to the values' dtype; so does this).
+
     Args:
         fused (bool): run ``F.scaled_dot_product_attention`` (flash / memory
             efficient kernels, no N x N map kept). ``False`` selects the explicit
@@ -22,9 +25,10 @@ class SoftmaxAttention(BaseAttention):
     supports_attn_drop = True
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 fused=True):
+                 rope=None, layer_scale_init_value=0., fused=True):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                         proj_drop=proj_drop)
+                         proj_drop=proj_drop, rope=rope,
+                         layer_scale_init_value=layer_scale_init_value)
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.fused = fused
@@ -43,26 +47,36 @@ class SoftmaxAttention(BaseAttention):
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.attn_drop if self.training else 0., scale=self.scale)
 
-    def forward(self, x, hw_shape):
-        self.num_extra_tokens(x, hw_shape)
+    def _heads(self, x, hw_shape, reference=False):
+        """``q, k, v`` heads, queries and keys rotated by RoPE if the operator has it.
+
+        ``reference`` rotates through explicit per-token rotation matrices (the oracle).
+        """
+        num_extra = self.num_extra_tokens(x, hw_shape)
         q, k, v = self.split_heads(self.qkv(x))
+        rotation = self.rotation(hw_shape, num_extra, q)
+        if rotation is not None:
+            rotation = rotation.as_reference() if reference else rotation
+            q, k = rotation.rotate(q).to(v.dtype), rotation.rotate(k).to(v.dtype)
+        return q, k, v
+
+    def forward(self, x, hw_shape):
+        q, k, v = self._heads(x, hw_shape)
         out = self._fused(q, k, v) if self.fused else self._eager(q, k, v)[0]
-        return self.proj_drop(self.proj(self.merge_heads(out)))
+        return self.project(self.merge_heads(out))
 
     def forward_reference(self, x, hw_shape):
-        self.num_extra_tokens(x, hw_shape)
-        q, k, v = self.split_heads(self.qkv(x))
-        out, _ = self._eager(q, k, v)
-        return self.proj_drop(self.proj(self.merge_heads(out)))
+        out, _ = self._eager(*self._heads(x, hw_shape, reference=True))
+        return self.project(self.merge_heads(out))
 
     def attention_map(self, x, hw_shape):
-        self.num_extra_tokens(x, hw_shape)
-        q, k, _ = self.split_heads(self.qkv(x))
+        q, k, _ = self._heads(x, hw_shape)
         return self._softmax_map(q, k)
 
     def core_macs(self, num_tokens, hw_shape):
-        # Q K^T and the map times V: N^2 d per head each
-        return 2 * num_tokens**2 * self.embed_dims
+        # Q K^T and the map times V: N^2 d per head each; RoPE on the patch queries and keys
+        return (2 * num_tokens**2 * self.embed_dims
+                + self.rotation_macs(hw_shape[0] * hw_shape[1]))
 
     def extra_repr(self):
         return f'{super().extra_repr()}, fused={self.fused}'

@@ -66,6 +66,13 @@ class TTTAttention(BaseAttention):
     initial weights (names and shapes as in the public ViT^3 model). ``cpe`` is the block's
     3x3 depthwise conditional position encoding, applied through ``encode_position``.
 
+    RoPE: the queries and keys of the SwiGLU heads (patch tokens) are rotated before the
+    inner step, so the inner model is fitted on rotated keys and read with rotated queries,
+    as the scores ``q_i^T k_j`` of Softmax attention would be; the inner model is then a
+    function of relative position through ``k``, like the Softmax map it replaces. The conv
+    head is left alone: its inner model is a 3x3 convolution on the grid, which already sees
+    positions (and a rotation of its per-channel q, k would mix channels it fits one by one).
+
     ``forward`` computes the inner gradients in closed form, batched over images and heads,
     as one autograd node with a hand-written backward (``ops/ttt_step.py``; C++ on the CPU);
     ``forward_reference`` takes them with ``torch.autograd.grad`` of the inner loss, image by
@@ -95,9 +102,10 @@ class TTTAttention(BaseAttention):
     bound_fraction_target = .75
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 inner_scale=DEFAULT_INNER_SCALE):
+                 rope=None, layer_scale_init_value=0., inner_scale=DEFAULT_INNER_SCALE):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                         proj_drop=proj_drop)
+                         proj_drop=proj_drop, rope=rope,
+                         layer_scale_init_value=layer_scale_init_value)
         if not inner_scale > 0:
             # the fast steps fold -scale / n into the norm clip's offset, which needs scale > 0
             raise ValueError(f'inner_scale must be positive, got {inner_scale}')
@@ -132,6 +140,18 @@ class TTTAttention(BaseAttention):
         extra_code = x[:, :num_extra] * (1 + self.cpe.weight[:, 0, 1, 1]) + self.cpe.bias
         return torch.cat([extra_code, patch_code], dim=1)
 
+    def _rotate_qk(self, qkv, hw_shape, num_extra, reference=False):
+        """``qkv`` ``(B, N, 3C + 3d)`` with the SwiGLU heads' q and k rotated by RoPE."""
+        rotation = self.rotation(hw_shape, num_extra, qkv)
+        if rotation is None:
+            return qkv
+        if reference:
+            rotation = rotation.as_reference()
+        C = self.embed_dims
+        q, k, rest = qkv.split([C, C, qkv.shape[-1] - 2 * C], dim=-1)
+        q, k = (rotation.rotate(self.split_heads(t, num_parts=1)[0]) for t in (q, k))
+        return torch.cat([self.merge_heads(q), self.merge_heads(k), rest.to(q.dtype)], dim=-1)
+
     # ---- fast form: closed-form inner gradients, batched over images and heads -------------
 
     def _inner(self, qkv, num_extra, hw_shape):
@@ -143,8 +163,9 @@ class TTTAttention(BaseAttention):
         num_extra = self.num_extra_tokens(x, hw_shape)
         qkv = self.qkv(x)
         with _inner_precision(x.device.type):
-            inner_out = self._inner(qkv, num_extra, hw_shape)
-        return self.proj_drop(self.proj(inner_out.to(qkv.dtype)))
+            inner_out = self._inner(self._rotate_qk(qkv, hw_shape, num_extra), num_extra,
+                                    hw_shape)
+        return self.project(inner_out.to(qkv.dtype))
 
     # ---- reference: autograd of the stated inner loss, one image at a time -----------------
 
@@ -195,19 +216,22 @@ class TTTAttention(BaseAttention):
         with torch.enable_grad():
             qkv = self.qkv(x)
             with _inner_precision(x.device.type):
+                rotated = self._rotate_qk(qkv, hw_shape, num_extra, reference=True)
                 inner_out = torch.stack(
-                    [self._inner_reference(image, num_extra, hw_shape) for image in qkv])
-            out = self.proj_drop(self.proj(inner_out.to(qkv.dtype)))
+                    [self._inner_reference(image, num_extra, hw_shape) for image in rotated])
+            out = self.project(inner_out.to(qkv.dtype))
         return out if grad_enabled else out.detach()
 
     def core_macs(self, num_tokens, hw_shape):
         # SwiGLU branch: k [W1|W2], the inner gradient k^T T and q W' (2 N d^2 per head
         # each), the column norms; conv branch: the tap correlation and the read-out (9 per
-        # patch and channel each), the centre tap of extra tokens, the kernel norms
+        # patch and channel each), the centre tap of extra tokens, the kernel norms; RoPE on
+        # the SwiGLU heads' patch queries and keys
         C, d, h = self.embed_dims, self.head_dims, self.num_heads
         num_patches = hw_shape[0] * hw_shape[1]
         num_extra = num_tokens - num_patches
-        return 6 * num_tokens * C * d + 2 * h * d * d + 18 * num_patches * d + num_extra * d + 9 * d
+        return (6 * num_tokens * C * d + 2 * h * d * d + 18 * num_patches * d + num_extra * d
+                + 9 * d + self.rotation_macs(num_patches))
 
     def extra_repr(self):
         return f'{super().extra_repr()}, inner_scale={self.inner_scale:.4g}'

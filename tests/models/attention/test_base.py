@@ -175,3 +175,26 @@ def test_attention_dropout_only_where_a_map_is_formed(attn_type, make_attention)
 def test_heads_must_divide_channels(attn_type):
     with pytest.raises(ValueError, match='embed_dims=25 is not divisible by num_heads=3'):
         build_attention(attn_type, embed_dims=25, num_heads=3)
+
+
+@pytest.mark.parametrize('attn_type', OPERATORS)
+def test_layer_scale_scales_the_operator_output(attn_type, make_attention, tokens):
+    """LayerScale ``gamma1`` (mmpretrain's name) acts after ``proj``, inside the operator, so
+    what a forward hook on the operator (the distillation hook) records is scaled."""
+    hw = (4, 5)
+    plain = make_attention(attn_type)
+    scaled = make_attention(attn_type, layer_scale_init_value=0.5)
+    assert plain.state_dict().keys() | {'gamma1.weight'} == scaled.state_dict().keys()
+    torch.testing.assert_close(scaled.gamma1.weight, torch.full((24, ), .5, dtype=torch.float64))
+    with torch.no_grad():
+        scaled.gamma1.weight.uniform_(-1, 1)
+    recorded = []
+    scaled.register_forward_hook(lambda module, args, out: recorded.append(out))
+    x = tokens(hw, 1)
+    with torch.no_grad():
+        for form in ('__call__', 'forward_reference'):
+            expected = scaled.gamma1.weight * getattr(plain, form)(x, hw)
+            assert_rel_close(getattr(scaled, form)(x, hw), expected, 1e-12, form)
+        assert_rel_close(recorded[0], scaled.gamma1.weight * plain(x, hw), 1e-12, 'recorded')
+    with pytest.raises(ValueError, match='layer_scale_init_value must be >= 0'):
+        make_attention(attn_type, layer_scale_init_value=-1.)
