@@ -48,8 +48,9 @@ class LinearViTAdapter(BaseModule):
 
     **ViT final norm.** ViT-Adapter does not use the ViT's final norm (its outputs
     have their own norms), and an unused parameter would stall DDP; the ViT is
-    therefore built with ``final_norm=False`` and a checkpoint's ``ln1.*`` (and
-    ``ln2.*``, mmpretrain's pooled-feature norm) is skipped and reported.
+    therefore built with ``final_norm=False`` (and ``pooled_norm=False``) and a
+    checkpoint's ``ln1.*`` (and ``ln2.*``, mmpretrain's pooled-feature norm) is skipped
+    and reported.
 
     **Class token.** When the ViT carries one it skips the injector and extractors
     (they work on the patch grid) and is re-attached before every group of ViT
@@ -191,6 +192,8 @@ class LinearViTAdapter(BaseModule):
                              "the ViT's final norm, and an unused parameter breaks DDP; a "
                              "checkpoint's final norm (ln1.*) is skipped when loading")
         cfg['final_norm'] = False
+        # nor the norm of pooled features (EVA-02's fc_norm), for the same reason
+        cfg['pooled_norm'] = False
         if with_cp:
             cfg['with_cp'] = True
         cfg.setdefault('type', 'LinearViT')
@@ -325,7 +328,7 @@ class LinearViTAdapter(BaseModule):
         """Whether LinearViT's load hook can resize it: a square grid of the same width."""
         if pos_embed.dim() != 3 or pos_embed.shape[0] != 1:
             return False
-        num_patches = pos_embed.shape[1] - self.vit.num_extra_tokens
+        num_patches = pos_embed.shape[1] - self.vit.pos_embed_extra_tokens
         side = math.isqrt(max(num_patches, 0))
         return side * side == num_patches > 0 and pos_embed.shape[2] == self.embed_dims
 
