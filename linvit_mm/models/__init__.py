@@ -1,6 +1,8 @@
 """Models, registered in mmpretrain's MODELS on import (``custom_imports``)."""
 from .attention import ATTENTIONS, BaseAttention, build_attention
 from .adapters import LinearViTAdapter
+from .aligners import AttentionAligner, FeatureAligner
 from .backbones import LinearViT
 
-__all__ = ['ATTENTIONS', 'BaseAttention', 'LinearViT', 'LinearViTAdapter', 'build_attention']
+__all__ = ['ATTENTIONS', 'AttentionAligner', 'BaseAttention', 'FeatureAligner', 'LinearViT',
+           'LinearViTAdapter', 'build_attention']

@@ -1,4 +1,6 @@
 from .attention_distill_hook import AttentionDistillHook
 from .finite_loss_hook import FiniteLossHook
+from .lora_targets_hook import LoRATargetsHook
+from .staged_record_hook import StagedRecordHook
 
-__all__ = ['AttentionDistillHook', 'FiniteLossHook']
+__all__ = ['AttentionDistillHook', 'FiniteLossHook', 'LoRATargetsHook', 'StagedRecordHook']

@@ -1,0 +1,40 @@
+"""Refuse, before training, LoRA targets that adapt no layer."""
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
+
+from linvit_mm.staged import find_lora_models, linear_layer_names, unmatched_lora_targets
+
+
+@HOOKS.register_module()
+class LoRATargetsHook(Hook):
+    """Checks every ``LoRAModel`` of the model before the run: each of its ``targets`` must
+    have adapted at least one linear layer.
+
+    mmpretrain's ``LoRAModel`` refuses a set of targets of which none matched, but a target
+    that matches nothing beside others that do (a typo, ``'ffn.fc1'`` for the MLP's
+    ``'ffn.layers.0.0'``, a module that is not ``nn.Linear``) is dropped silently and the run
+    trains less than asked. The error names such targets and lists the layers there are.
+    A model without a LoRAModel is refused too (the hook was added by mistake).
+    """
+
+    priority = 'NORMAL'
+
+    def before_run(self, runner):
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        lora_models = find_lora_models(model)
+        if not lora_models:
+            raise ValueError(f'LoRATargetsHook: the model ({type(model).__name__}) holds no '
+                             f'LoRAModel')
+        problems = []
+        for prefix, lora_model in lora_models.items():
+            unmatched = unmatched_lora_targets(lora_model)
+            if unmatched:
+                problems.append(
+                    f'LoRAModel {prefix.rstrip(".") or "(the model)"}: targets {unmatched} '
+                    f'adapt no layer (a target is a full-match regular expression or a name '
+                    f'suffix of an nn.Linear, and a layer goes to the first target that '
+                    f'matches it); its linear layers are '
+                    f'{", ".join(linear_layer_names(lora_model.module))}')
+        if problems:
+            raise ValueError('LoRATargetsHook:\n  - ' + '\n  - '.join(problems))

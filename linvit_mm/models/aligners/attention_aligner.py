@@ -1,0 +1,163 @@
+"""Stage 1 of the staged recipe: attention alignment, block by block, on the teacher's inputs."""
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+from mmpretrain.registry import MODELS
+
+from .base_aligner import BaseAligner
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+@MODELS.register_module()
+class AttentionAligner(BaseAligner):
+    """Trains each block's linear attention to reproduce the Softmax attention on the same input.
+
+    ``loss_align = loss_weight * sum_blocks MSE(student attention output, teacher attention
+    output)`` (ViT-AdaLA's attention alignment; LoLCATs' attention transfer). Each student
+    block works on the **teacher's own input to that block**: the teacher runs under
+    ``no_grad`` and its block input ``x`` (detached) goes through the student block's
+    ``attn.encode_position`` (TTT's conditional position encoding; identity for the other
+    operators) and ``ln1``, then its attention. ``ln1`` is the teacher's, copied and frozen, so
+    every operator without a position encoding sees exactly the teacher's normalised input;
+    TTT sees it after its own (trained) encoding. No block's backward runs through another
+    block, so blocks are independent: a job may train a subset (``layers``) and
+    ``tools/model_converters/merge_aligned_blocks.py`` merges subsets trained in parallel.
+
+    Trained: everything under ``layers.N.attn.`` of the selected blocks (``qkv``, ``proj``
+    and the operator's own parameters: MHLA's mixing and value conv, TTT's inner weights and
+    position encoding, hedgehog's feature maps). Frozen: everything else.
+
+    The student is initialised from the teacher: after both models' own initialisation,
+    every tensor the teacher has is copied into it (the ``fullcopy`` setting of
+    ``SoftmaxTransfer``; operator-specific tensors keep their own init). The student config
+    therefore takes no ``init_cfg``. The checkpoint of a run holds the student alone under
+    ``backbone.*``, as an ``ImageClassifier`` names it; with ``StagedRecordHook`` it records
+    the operators and the trained blocks, and ``LinearViTCheckpoint`` loads it strictly into
+    the next stage.
+
+    Labels are ignored; no gradient clipping should span blocks (a global norm couples them,
+    and a subset job would then differ from the whole).
+
+    Args:
+        backbone (dict): the student LinearViT config (any linear operator), without
+            ``init_cfg``.
+        teacher (dict): the Softmax teacher LinearViT config, with an ``init_cfg`` that loads
+            its weights.
+        layers (Sequence[int], optional): blocks to train (negative ones count from the end);
+            all by default. Empty or out-of-range lists are refused.
+        loss_weight (float): lambda, a finite number > 0. Defaults to 1 (with AdamW the scale
+            hardly matters; it only rescales the logged loss).
+        patch_tokens_only, data_preprocessor, init_cfg: see :class:`BaseAligner`.
+    """
+
+    def __init__(self, backbone, teacher, layers=None, loss_weight=1.0, patch_tokens_only=None,
+                 data_preprocessor=None, init_cfg=None):
+        if isinstance(backbone, dict) and backbone.get('init_cfg') is not None:
+            raise ValueError(
+                f'AttentionAligner initialises the student from the teacher (fullcopy), so the '
+                f"student config takes no init_cfg; got {backbone['init_cfg']!r}. To continue "
+                f'from an earlier alignment run, use load_from / --resume')
+        self.loss_weight = self._check_loss_weight(loss_weight)
+        super().__init__(backbone, teacher, patch_tokens_only=patch_tokens_only,
+                         data_preprocessor=data_preprocessor, init_cfg=init_cfg)
+        self.layer_ids = self._resolve_layers(layers, len(self.backbone.layers))
+        if getattr(self.backbone, 'frozen_stages', -1) > 0:
+            raise ValueError(f'the student sets frozen_stages={self.backbone.frozen_stages}, '
+                             f'which would freeze the attention of its first blocks again at '
+                             f'every train(); AttentionAligner freezes everything but the '
+                             f'attention of `layers` itself: leave frozen_stages unset')
+        self.backbone.requires_grad_(False)
+        for index in self.layer_ids:
+            self.backbone.layers[index].attn.requires_grad_(True)
+
+    @staticmethod
+    def _check_loss_weight(loss_weight):
+        if (not isinstance(loss_weight, numbers.Real) or isinstance(loss_weight, bool)
+                or not math.isfinite(loss_weight) or loss_weight <= 0):
+            raise ValueError(f'loss_weight must be a finite number > 0, got {loss_weight!r}')
+        return float(loss_weight)
+
+    @staticmethod
+    def _resolve_layers(layers, num_blocks):
+        if layers is None:
+            return list(range(num_blocks))
+        if isinstance(layers, (str, bytes)) or not hasattr(layers, '__iter__'):
+            raise TypeError(f'layers must be a list of block indices, got {layers!r}')
+        layers = list(layers)
+        if not layers:
+            raise ValueError('layers=[] selects no block to align; list block indices, or '
+                             'leave layers unset (None) to align every block')
+        bad_type = [i for i in layers if not _is_int(i)]
+        if bad_type:
+            raise TypeError(f'layers must be block indices (ints), got {bad_type} in {layers}')
+        outside = [i for i in layers if not -num_blocks <= i < num_blocks]
+        if outside:
+            raise ValueError(f'layers {outside} are outside the {num_blocks} blocks of the '
+                             f'student; use indices in [{-num_blocks}, {num_blocks - 1}]')
+        return sorted({i % num_blocks for i in layers})
+
+    def init_weights(self):
+        """The teacher's weights, the student's own init, then the teacher's tensors copied
+        into the student (``fullcopy``)."""
+        # Imported here: linvit_mm.transfer imports the models package this module is part of.
+        from linvit_mm.transfer import transfer_softmax_weights
+        super().init_weights()
+        teacher_state = {f'backbone.{k}': v for k, v in self.teacher.state_dict().items()}
+        transfer_softmax_weights(self.backbone, teacher_state, setting='fullcopy',
+                                 num_heads=self.teacher.num_heads, logger='current')
+
+    def staged_record(self):
+        return dict(stage='align-attn', trained_layers=list(self.layer_ids))
+
+    # ------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def _teacher_blocks(self, images):
+        """The teacher's input to each selected block and its attention output there."""
+        teacher = self.teacher
+        x, hw_shape = teacher.embed(images)
+        wanted = set(self.layer_ids)
+        inputs, outputs = {}, {}
+
+        def recorder(index):
+            def record(module, args, output):
+                outputs[index] = output
+            return record
+
+        handles = [teacher.layers[index].attn.register_forward_hook(recorder(index))
+                   for index in self.layer_ids]
+        try:
+            for index, layer in enumerate(teacher.layers[:max(self.layer_ids) + 1]):
+                if index in wanted:
+                    inputs[index] = x
+                x = layer(x, hw_shape)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return inputs, outputs, hw_shape
+
+    def block_pairs(self, images):
+        """``[(student output, teacher output), ...]`` per selected block, restricted to the
+        tokens both compare."""
+        inputs, outputs, hw_shape = self._teacher_blocks(images)
+        pairs = []
+        for index in self.layer_ids:
+            x = inputs[index].detach()
+            if self.patch_input:
+                x = x[:, self.teacher_extra:]
+            block = self.backbone.layers[index]
+            x = block.attn.encode_position(x, hw_shape)
+            pairs.append(self.comparable(block.attn(block.ln1(x), hw_shape), outputs[index]))
+        return pairs
+
+    def loss(self, inputs):
+        total = sum(F.mse_loss(student.float(), teacher.float())
+                    for student, teacher in self.block_pairs(inputs))
+        return dict(loss_align=self.loss_weight * total)
+
+    def extract(self, inputs):
+        return tuple(student for student, _ in self.block_pairs(inputs))

@@ -1,0 +1,184 @@
+"""What the two alignment stages share: a student LinearViT and a frozen Softmax teacher."""
+import copy
+from abc import abstractmethod
+
+from mmengine.model import BaseModel
+from mmengine.utils import to_2tuple
+from mmpretrain.registry import MODELS
+
+from ..attention import attention_class
+from ..backbones import LinearViT
+
+
+class _DetachedTeacher:
+    """Holds the teacher outside the student's module tree.
+
+    So the teacher is never in ``state_dict`` (checkpoints), ``parameters()`` (the optimizer)
+    or DDP's synchronisation; deep copies of the model (mmengine's EMA) share this one
+    teacher instead of copying it.
+    """
+
+    def __init__(self, module):
+        self.module = module
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class BaseAligner(BaseModel):
+    """A student LinearViT (``backbone``) trained to match a frozen Softmax teacher; no labels.
+
+    The teacher is built from its config (a ``LinearViT`` with ``attn_type='softmax'`` and an
+    ``init_cfg`` that loads its weights), initialised by :meth:`init_weights`, always in eval
+    mode and without gradients, and moved with the model (``.to`` / ``.cuda``). It is not a
+    sub-module: it never reaches a checkpoint, the optimizer or an EMA copy, and a run resumed
+    from a checkpoint rebuilds it from the config.
+
+    Student and teacher must have the same depth, width, head counts and patch size, and the
+    student either the teacher's extra tokens (class token, registers) or none. Tokens are
+    compared where both models have them: every token when the sequences match (unless
+    ``patch_tokens_only``), the patch tokens when the student has no extra tokens.
+
+    Args:
+        backbone (dict): config of the student LinearViT.
+        teacher (dict): config of the Softmax teacher LinearViT.
+        patch_tokens_only (bool, optional): compare patch tokens only. Forced on when the
+            student has no extra tokens.
+        data_preprocessor (dict, optional): mmpretrain's ``ClsDataPreprocessor`` by default
+            (labels pass through and are ignored).
+        init_cfg (dict, optional): of the aligner itself; the student's and the teacher's are
+            in their configs.
+    """
+
+    def __init__(self, backbone, teacher, patch_tokens_only=None, data_preprocessor=None,
+                 init_cfg=None):
+        data_preprocessor = dict(data_preprocessor or {})
+        data_preprocessor.setdefault('type', 'mmpretrain.ClsDataPreprocessor')
+        super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
+        if patch_tokens_only not in (None, True, False):
+            raise TypeError(f'patch_tokens_only must be None (automatic), True or False, got '
+                            f'{patch_tokens_only!r}')
+        self.backbone = self._build_vit(backbone, 'backbone (the student)')
+        teacher = self._build_vit(self.teacher_cfg_for(teacher, self.backbone), 'teacher')
+        teacher.requires_grad_(False)
+        teacher.eval()
+        self._teacher = _DetachedTeacher(teacher)
+        self._check_pair(self.backbone, teacher, teacher_cfg_has_init=self._has_init(teacher))
+        self.student_extra = self.backbone.num_extra_tokens
+        self.teacher_extra = teacher.num_extra_tokens
+        # The student sees the teacher's sequence, or its patch tokens when it has no extras.
+        self.patch_input = self.student_extra != self.teacher_extra
+        self.patch_tokens_only = bool(patch_tokens_only) or self.patch_input
+
+    @property
+    def teacher(self):
+        """The frozen teacher (not a sub-module)."""
+        return self._teacher.module
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def _build_vit(cfg, role):
+        if not isinstance(cfg, dict) or 'type' not in cfg:
+            raise TypeError(f'{role} must be a LinearViT config dict with a type, got {cfg!r}')
+        vit = MODELS.build(copy.deepcopy(cfg))
+        if not isinstance(vit, LinearViT):
+            raise TypeError(f'{role} must be a LinearViT, got {type(vit).__name__}')
+        return vit
+
+    def teacher_cfg_for(self, cfg, student):
+        """The teacher config to build, given the built student (as given, here)."""
+        return cfg
+
+    @staticmethod
+    def _has_init(vit):
+        return vit.init_cfg is not None
+
+    @staticmethod
+    def _check_pair(student, teacher, teacher_cfg_has_init):
+        """Refuse a pair that cannot be aligned, naming every mismatch."""
+        problems = []
+        softmax = attention_class('softmax')
+        non_softmax = sorted({layer.attn.attn_type for layer in teacher.layers
+                              if not isinstance(layer.attn, softmax)})
+        if non_softmax:
+            problems.append(f"the teacher's attention is {non_softmax}, not Softmax: set its "
+                            f"attn_type='softmax'")
+        if not teacher_cfg_has_init:
+            problems.append('the teacher has no init_cfg, so it would keep random weights: '
+                            "give it one that loads the Softmax checkpoint (e.g. "
+                            "dict(type='SoftmaxTransfer', checkpoint=..., setting='fullcopy'))")
+        if len(student.layers) != len(teacher.layers):
+            problems.append(f'the student has {len(student.layers)} blocks, the teacher '
+                            f'{len(teacher.layers)}: build both with the same arch')
+        if student.embed_dims != teacher.embed_dims:
+            problems.append(f'the student is {student.embed_dims} wide, the teacher '
+                            f'{teacher.embed_dims}: build both with the same arch')
+        heads = [f'block {i}: {s.attn.num_heads} vs {t.attn.num_heads}'
+                 for i, (s, t) in enumerate(zip(student.layers, teacher.layers))
+                 if s.attn.num_heads != t.attn.num_heads]
+        if heads:
+            problems.append(f'head counts differ (student vs teacher: {"; ".join(heads[:4])})')
+        patches = ['x'.join(map(str, to_2tuple(vit.patch_size))) for vit in (student, teacher)]
+        if patches[0] != patches[1]:
+            problems.append(f'the student cuts {patches[0]}-pixel patches, the teacher '
+                            f'{patches[1]}-pixel patches, so their tokens do not correspond')
+        if student.num_extra_tokens not in (0, teacher.num_extra_tokens):
+            problems.append(f'the student leads its sequence with {student.num_extra_tokens} '
+                            f'extra tokens (class token, registers), the teacher with '
+                            f'{teacher.num_extra_tokens}: the student needs the same ones or '
+                            f'none (patch tokens only)')
+        if problems:
+            raise ValueError('the student and teacher cannot be aligned:\n  - '
+                             + '\n  - '.join(problems))
+
+    # ------------------------------------------------------------------ module plumbing
+    def _apply(self, fn, *args, **kwargs):
+        # .to(), .cuda(), .half() reach sub-modules through _apply; the teacher is not one.
+        super()._apply(fn, *args, **kwargs)
+        self.teacher._apply(fn, *args, **kwargs)
+        return self
+
+    def train(self, mode=True):
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+    def init_weights(self):
+        """The teacher's ``init_cfg`` (its Softmax weights), then the student's."""
+        self.teacher.init_weights()
+        super().init_weights()
+
+    # ------------------------------------------------------------------ tokens
+    def comparable(self, student_tokens, teacher_tokens):
+        """Student and teacher ``(B, N, C)`` tokens restricted to those both compare."""
+        if not self.patch_tokens_only:
+            return student_tokens, teacher_tokens
+        # A student fed patch tokens only (patch_input) has no extra tokens to drop.
+        student_extra = 0 if self.patch_input else self.student_extra
+        return student_tokens[:, student_extra:], teacher_tokens[:, self.teacher_extra:]
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        """``mode='loss'``: the alignment losses; ``'tensor'``: what the student produces.
+
+        There are no predictions: the stage trains without labels, so runs have no
+        validation (``val_cfg = val_dataloader = val_evaluator = None``).
+        """
+        if mode == 'loss':
+            return self.loss(inputs)
+        if mode == 'tensor':
+            return self.extract(inputs)
+        raise ValueError(f'{type(self).__name__} has no mode {mode!r}: it trains without '
+                         f"labels and predicts nothing ('loss' and 'tensor' only); run it "
+                         f'without validation (val_cfg, val_dataloader and val_evaluator None)')
+
+    @abstractmethod
+    def loss(self, inputs):
+        """The loss dict of one batch of preprocessed images."""
+
+    @abstractmethod
+    def extract(self, inputs):
+        """The student's tokens that the loss compares."""
+
+    @abstractmethod
+    def staged_record(self):
+        """The stage entries of the checkpoint record (``StagedRecordHook``)."""

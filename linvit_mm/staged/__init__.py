@@ -1,0 +1,18 @@
+"""The staged recipe: checkpoint records, the strict LinearViT loader, block and LoRA merging.
+
+Attention alignment (``AttentionAligner``), feature alignment (``FeatureAligner``) and
+fine-tuning (dense or with mmpretrain's ``LoRAModel``) hand checkpoints from one stage to the
+next; this package holds what they share. Importing it registers the ``LinearViTCheckpoint``
+initialiser.
+"""
+from .block_merge import merge_aligned_blocks
+from .loading import LinearViTCheckpointInit, load_linear_vit_checkpoint
+from .lora import (LORA_TARGETS, find_lora_models, linear_layer_names, merged_state_dict,
+                   unmatched_lora_targets)
+from .record import (RECORD_KEY, checkpoint_record, describe_linear_vit, find_linear_vits,
+                     model_record)
+
+__all__ = ['LORA_TARGETS', 'RECORD_KEY', 'LinearViTCheckpointInit', 'checkpoint_record',
+           'describe_linear_vit', 'find_linear_vits', 'find_lora_models', 'linear_layer_names',
+           'load_linear_vit_checkpoint', 'merge_aligned_blocks', 'merged_state_dict',
+           'model_record', 'unmatched_lora_targets']

@@ -1,0 +1,160 @@
+"""``LinearViTCheckpoint``: load a LinearViT checkpoint strictly, operator by operator.
+
+Usage in a config (``custom_imports`` with ``'linvit_mm.staged'`` registers it)::
+
+    backbone=dict(type='LinearViT', arch='small', attn_type='relu',
+                  init_cfg=dict(type='LinearViTCheckpoint',
+                                checkpoint='work_dirs/..._align-attn_.../iter_N.pth'))
+
+Every tensor of the ViT must be in the checkpoint with its shape, and nothing else may be under
+the prefix; the checkpoint's record (see :mod:`linvit_mm.staged.record`) must name the model's
+operator for every block, its head counts and sizes. All problems are reported in one error
+before anything is copied, so a refused checkpoint leaves the model as it was.
+"""
+import math
+
+from mmengine.logging import print_log
+from mmengine.model.weight_init import update_init_info
+from mmengine.registry import WEIGHT_INITIALIZERS
+
+from linvit_mm.utils.checkpoint import load_checkpoint_file
+from .record import checkpoint_record, describe_linear_vit, record_differences
+
+__all__ = ['LinearViTCheckpointInit', 'load_linear_vit_checkpoint']
+
+
+def _resizable_pos_embed(vit, tensor):
+    """Whether LinearViT's load hook resamples ``tensor`` to the model's grid: a learned
+    embedding of the same width over another square grid."""
+    if vit.pos_embed is None or tensor.dim() != 3 or tensor.shape[0] != 1:
+        return False
+    patches = tensor.shape[1] - vit.pos_embed_extra_tokens
+    side = math.isqrt(max(patches, 0))
+    return patches > 0 and side * side == patches and tensor.shape[2] == vit.embed_dims
+
+
+def _tensor_problems(vit, state, prefix):
+    expected = vit.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    mismatched = [
+        f'{prefix}{key}: checkpoint {tuple(state[key].shape)}, model '
+        f'{tuple(expected[key].shape)}' for key in sorted(set(expected) & set(state))
+        if state[key].shape != expected[key].shape
+        and not (key == 'pos_embed' and _resizable_pos_embed(vit, state[key]))
+    ]
+    problems = []
+    if missing:
+        problems.append('missing tensors: ' + ', '.join(prefix + k for k in missing))
+    if unexpected:
+        problems.append('tensors the model does not have: '
+                        + ', '.join(prefix + k for k in unexpected))
+    if mismatched:
+        problems.append('shapes that differ: ' + '; '.join(mismatched))
+    return problems
+
+
+def load_linear_vit_checkpoint(vit, filename, prefix='backbone.', require_record=True,
+                               map_location='cpu', logger='current'):
+    """Load the LinearViT ``vit`` strictly from the tensors under ``prefix`` in ``filename``.
+
+    Args:
+        vit (LinearViT): the model to load into.
+        filename (str): a checkpoint file (mmengine run checkpoint or a state dict), read by
+            linvit_mm's safe loader.
+        prefix (str): the ViT's key prefix in the file: ``'backbone.'`` for the aligners and
+            classifiers, ``''`` for a bare LinearViT state dict.
+        require_record (bool): refuse a checkpoint without a record of its operators. With
+            False such a checkpoint loads on names and shapes alone (a ``relu`` checkpoint
+            then loads into an ``elu`` model); a record that is there is always checked.
+        map_location (str): where tensors are loaded.
+        logger: where the summary goes (``print_log``).
+
+    Returns:
+        dict: the record found (``None`` if there was none and it was not required).
+
+    Raises:
+        TypeError: ``vit`` is not a LinearViT.
+        FileNotFoundError: no such file.
+        ValueError: the checkpoint does not fit, every reason listed; nothing was loaded.
+    """
+    from linvit_mm.models.backbones import LinearViT
+    if not isinstance(vit, LinearViT):
+        raise TypeError(f'LinearViTCheckpoint loads into a LinearViT, got '
+                        f'{type(vit).__name__}; give the init_cfg to the LinearViT itself')
+    checkpoint = load_checkpoint_file(filename, map_location=map_location)
+    state_dict = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
+    state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    if not state:
+        heads = sorted({k.split('.')[0] + '.' for k in state_dict})
+        raise ValueError(f'{filename} has no tensors under {prefix!r}; its keys begin with '
+                         f'{heads}: set prefix= to the ViT\'s prefix')
+
+    model = describe_linear_vit(vit)
+    problems = []
+    record = checkpoint_record(checkpoint)
+    described = (record or {}).get('backbones', {}).get(prefix)
+    if described is None:
+        if require_record:
+            problems.append(
+                f'it does not record the operator of each block of its ViT under {prefix!r} '
+                f'(relu and elu blocks, or 3 and 6 heads of one width, have the same tensors), '
+                f'so it cannot be checked against the model. Checkpoints of runs with '
+                f'StagedRecordHook and of tools/model_converters/merge_aligned_blocks.py and '
+                f'merge_lora.py carry the record; to load one without it on names and shapes '
+                f'alone, set require_record=False')
+    else:
+        problems += record_differences(described, model)
+    problems += _tensor_problems(vit, state, prefix)
+    if problems:
+        raise ValueError(f'{filename} does not fit the model ({_summary(model)}), nothing was '
+                         f'loaded:\n  - ' + '\n  - '.join(problems))
+
+    vit.load_state_dict(state, strict=True)
+    stage = (record or {}).get('stage')
+    print_log(f'LinearViTCheckpoint: loaded {len(state)} tensors under {prefix!r} from '
+              f'{filename}' + (f' (stage {stage!r})' if stage else '')
+              + ('' if described else ' (no operator record; names and shapes checked only)'),
+              logger=logger)
+    return record
+
+
+def _summary(description):
+    operators = sorted(set(description['attn_types']))
+    return (f'{"/".join(operators)}, {description["num_layers"]} blocks, width '
+            f'{description["embed_dims"]}')
+
+
+@WEIGHT_INITIALIZERS.register_module(name='LinearViTCheckpoint')
+class LinearViTCheckpointInit:
+    """Initialise a LinearViT from a LinearViT checkpoint, strictly (see
+    :func:`load_linear_vit_checkpoint`, whose arguments these are).
+
+    Like ``SoftmaxTransfer`` it runs the children's ``init_weights`` first, so that nothing
+    mmengine runs after it overwrites what it loads; the file is read when the initialiser is
+    called (``model.init_weights()``), not when it is built.
+    """
+
+    def __init__(self, checkpoint, prefix='backbone.', require_record=True, map_location='cpu'):
+        if not isinstance(checkpoint, str) or not checkpoint:
+            raise TypeError(f'LinearViTCheckpoint: checkpoint must be a file path, got '
+                            f'{checkpoint!r}')
+        if not isinstance(require_record, bool):
+            raise TypeError(f'require_record must be True or False, got {require_record!r}')
+        self.checkpoint = checkpoint
+        self.prefix = prefix
+        self.require_record = require_record
+        self.map_location = map_location
+        # mmengine's initialize() sets this on every initialiser; this one acts on the module
+        # as a whole either way.
+        self.wholemodule = False
+
+    def __call__(self, module):
+        from linvit_mm.transfer.initializer import _init_children
+        _init_children(module)
+        load_linear_vit_checkpoint(module, self.checkpoint, prefix=self.prefix,
+                                   require_record=self.require_record,
+                                   map_location=self.map_location)
+        if hasattr(module, '_params_init_info'):
+            update_init_info(module, init_info=f'{type(self).__name__}: {self.checkpoint} '
+                                               f'(prefix {self.prefix!r})')

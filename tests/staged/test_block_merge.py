@@ -1,0 +1,70 @@
+"""merge_aligned_blocks: attention-alignment jobs of disjoint block sets become one."""
+import copy
+
+import pytest
+import torch
+from mmpretrain.registry import MODELS
+
+import linvit_mm.models  # noqa: F401
+from linvit_mm.staged import RECORD_KEY, describe_linear_vit, merge_aligned_blocks
+from linvit_mm.testing.staged import tiny_vit_cfg
+
+
+@pytest.fixture(scope='module')
+def base():
+    torch.manual_seed(0)
+    return MODELS.build(tiny_vit_cfg('relu'))
+
+
+def job(base, trained, stage='align-attn', shift=1.0):
+    """A job's checkpoint: ``base`` with the attention of ``trained`` blocks moved."""
+    state = {f'backbone.{k}': v.clone() for k, v in base.state_dict().items()}
+    for index in trained:
+        for key in state:
+            if key.startswith(f'backbone.layers.{index}.attn.'):
+                state[key] += shift * (index + 1)
+    record = dict(backbones={'backbone.': describe_linear_vit(base)}, stage=stage,
+                  trained_layers=list(trained))
+    return dict(state_dict=state, meta={RECORD_KEY: record})
+
+
+def test_merge_aligned_blocks_takes_each_block_from_its_job(base):
+    merged = merge_aligned_blocks({'a.pth': job(base, [0, 2]), 'b.pth': job(base, [1])})
+    expected = job(base, [0, 1, 2])['state_dict']
+    assert set(merged['state_dict']) == set(expected)
+    for key, value in expected.items():
+        assert torch.equal(merged['state_dict'][key], value), key
+    record = merged['meta'][RECORD_KEY]
+    assert record['trained_layers'] == [0, 1, 2] and record['merged_from'] == ['a.pth', 'b.pth']
+
+
+def test_merge_aligned_blocks_refuses_overlap_and_gaps_naming_blocks(base):
+    with pytest.raises(ValueError) as info:
+        merge_aligned_blocks({'a.pth': job(base, [0, 1]), 'b.pth': job(base, [1])})
+    assert 'block 1 is trained in more than one checkpoint: a.pth, b.pth' in str(info.value)
+    assert 'blocks 2 are trained in none of the checkpoints' in str(info.value)
+
+
+def test_merge_aligned_blocks_refuses_mismatched_jobs(base):
+    other = job(base, [1])
+    other['state_dict']['backbone.layers.0.ffn.layers.1.bias'] += 1
+    with pytest.raises(ValueError, match=r"b.pth and a.pth differ outside the trained "
+                                         r"attention .*layers.0.ffn.layers.1.bias"):
+        merge_aligned_blocks({'a.pth': job(base, [0, 2]), 'b.pth': other})
+    feat = job(base, [1], stage='align-feat')
+    no_record = job(base, [1])
+    del no_record['meta'][RECORD_KEY]
+    with pytest.raises(ValueError) as info:
+        merge_aligned_blocks({'a.pth': job(base, [0, 2]), 'b.pth': feat, 'c.pth': no_record})
+    assert "b.pth: not an attention-alignment checkpoint (stage 'align-feat'" in str(info.value)
+    assert 'c.pth: not an attention-alignment checkpoint (no record' in str(info.value)
+    elu = job(base, [1])
+    elu['meta'][RECORD_KEY]['backbones']['backbone.']['attn_types'] = ['elu'] * 3
+    with pytest.raises(ValueError, match='b.pth holds another ViT than a.pth'):
+        merge_aligned_blocks({'a.pth': job(base, [0, 2]), 'b.pth': elu})
+    with pytest.raises(ValueError, match='at least two checkpoints'):
+        merge_aligned_blocks({'a.pth': job(base, [0, 1, 2])})
+    fewer = copy.deepcopy(job(base, [1]))
+    del fewer['state_dict']['backbone.ln1.bias']
+    with pytest.raises(ValueError, match=r"hold different tensors .*'backbone.ln1.bias'"):
+        merge_aligned_blocks({'a.pth': job(base, [0, 2]), 'b.pth': fewer})
