@@ -79,9 +79,9 @@ class HedgehogAttention(LinearMapAttention):
             keys a few keys with large entries take much of every row of a head, whatever
             the query (random heads of 197 tokens with entries of standard deviation 3: a
             third of the queries give their largest weight to the same key; one in twenty
-            with ``'softmax'``, one in thirty with Softmax attention itself). Distilling ``W``
-            from such a start is what LoLCATs avoids with the softmax form; ``'exp'`` is
-            Hedgehog's original map, kept for comparison.
+            with ``'softmax'``, one in thirty with Softmax attention itself). LoLCATs
+            transfers Softmax models with the softmax form; ``'exp'`` is Hedgehog's
+            original map, kept for comparison.
         **base_switches: the switches every operator takes (``BaseAttention``); RoPE is
             refused.
     """
