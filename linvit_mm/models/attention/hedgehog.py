@@ -82,8 +82,8 @@ class HedgehogAttention(LinearMapAttention):
             with ``'softmax'``, one in thirty with Softmax attention itself). LoLCATs
             transfers Softmax models with the softmax form; ``'exp'`` is Hedgehog's
             original map, kept for comparison.
-        **base_switches: the switches every operator takes (``BaseAttention``); RoPE is
-            refused.
+        rope: must be None (``rope_absent_because``).
+        layer_scale_init_value (float): LayerScale after ``proj``, as in ``BaseAttention``.
     """
 
     has_map = True
@@ -109,9 +109,10 @@ class HedgehogAttention(LinearMapAttention):
                            'feature pairs')
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 feature_map='softmax', **base_switches):
+                 rope=None, layer_scale_init_value=0., feature_map='softmax'):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
-                         proj_drop=proj_drop, **base_switches)
+                         proj_drop=proj_drop, rope=rope,
+                         layer_scale_init_value=layer_scale_init_value)
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f'unknown feature_map {feature_map!r}; valid feature maps are: '
                              f'{", ".join(FEATURE_MAPS)}')
