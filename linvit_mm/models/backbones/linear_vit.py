@@ -19,6 +19,7 @@ from torch import nn
 
 from ..attention import attention_class, build_attention
 from ..utils.rope import build_rope
+from .hybrid import class_token_of, describe_attn_types, resolve_attn_types
 
 
 def sincos_pos_embed(hw_shape, embed_dims, temperature=10000., device=None, dtype=None):
@@ -125,6 +126,27 @@ def _operator_switches(attn_type, rope, layer_scale_init_value):
     return switches
 
 
+def _check_shared_attn_cfg(attn_cfg, attn_types, layer_cfgs):
+    """Refuse, before any block is built, an ``attn_cfg`` argument that the operator of a
+    block using it does not take (a hybrid passes ``attn_cfg`` to every block)."""
+    refused = {}
+    for index, (name, cfg) in enumerate(zip(attn_types, layer_cfgs)):
+        if not attn_cfg or 'attn_cfg' in cfg:
+            continue
+        parameters = inspect.signature(attention_class(name).__init__).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            continue
+        unknown = tuple(sorted(set(attn_cfg) - set(parameters)))
+        if unknown:
+            refused.setdefault((name, unknown), []).append(index)
+    if refused:
+        listed = '; '.join(f'{list(unknown)} for the {name!r} operator (blocks {blocks})'
+                           for (name, unknown), blocks in refused.items())
+        raise ValueError(f'attn_cfg gives arguments an operator does not take: {listed}. In a '
+                         f'hybrid attn_cfg goes to every block; give an operator\'s own '
+                         f'arguments to its blocks through layer_cfgs=[dict(attn_cfg=...), ...]')
+
+
 # The architecture switches an arch can set besides its four sizes, with the value a plain
 # DeiT-shaped ViT has. ``None`` for ``pos_embed_type``: the operator's convention.
 ARCH_SWITCH_DEFAULTS = dict(
@@ -191,9 +213,16 @@ class LinearViT(BaseBackbone):
             arch sets may not be given a different value (a ``ValueError`` says so; use a
             custom dict) except ``final_norm``, ``pooled_norm`` and
             ``pos_embed_antialias``, which only change how features are read out.
-        attn_type (str): a registered operator (``softmax``, ``elu``, ``relu``,
-            ``inline``, ``mhla``, ``ttt``, ...).
-        attn_cfg (dict): extra keyword arguments of the operator.
+        attn_type (str | list[str] | dict): a registered operator (``softmax``, ``elu``,
+            ``relu``, ``inline``, ``hedgehog``, ``mhla``, ``ttt``, ...) for every block, or a
+            hybrid: a list of one operator per block, or
+            ``dict(default='relu', softmax=[0, 11])`` (blocks not listed run ``default``;
+            negative indices count from the end), or the compact form
+            ``'relu+softmax@0,11'`` (see :mod:`linvit_mm.models.backbones.hybrid`). The
+            resolved list is ``attn_types``; ``attn_type`` is then the operator's name, or
+            the compact form of a hybrid (which builds the same layout again).
+        attn_cfg (dict): extra keyword arguments of the operator (of every block's operator
+            in a hybrid; per-block ones through ``layer_cfgs``).
         img_size (int | tuple): the training input size; the learned position
             embedding is stored for this grid and interpolated for others.
         in_channels (int): image channels.
@@ -206,7 +235,10 @@ class LinearViT(BaseBackbone):
             models, which keeps DeiT's final norm usable for them), then ``ln2`` if
             ``pooled_norm``; ``raw`` every token.
         with_cls_token (bool, optional): defaults to the operator's convention
-            (softmax, elu, relu, inline: yes; mhla, ttt: no; paper Table A).
+            (softmax, elu, relu, inline, hedgehog: yes; mhla, ttt: no; paper Table A). A
+            hybrid of operators that disagree (softmax and mhla) must set it: True carries
+            the class token through every block (an operator without one treats it as a
+            leading extra token, as it does registers), False pools the patch tokens.
         drop_rate, attn_drop_rate, drop_path_rate (float): dropout rates;
             drop-path grows linearly over depth.
         frozen_stages (int): freeze the stem (patch and position embeddings, class
@@ -323,13 +355,20 @@ class LinearViT(BaseBackbone):
             num_register_tokens=num_register_tokens, no_embed_class=no_embed_class,
             pos_embed_antialias=pos_embed_antialias, rope=rope, ffn_type=ffn_type,
             act_cfg=act_cfg, ffn_norm=ffn_norm, pre_norm=pre_norm, pooled_norm=pooled_norm))
-        self.attn_type = attn_type
-        operator = attention_class(attn_type)  # fails early, listing valid operators
+        if isinstance(layer_cfgs, dict):
+            layer_cfgs = [layer_cfgs] * self.num_layers
+        # Checked before any block is built; the error lists the valid operators. A block's
+        # own layer_cfgs attn_type counts, so attn_types says what every block runs.
+        self.attn_types = resolve_attn_types(attn_type, self.num_layers)
+        self.attn_types = resolve_attn_types(
+            [cfg.get('attn_type', name) for cfg, name in zip(layer_cfgs, self.attn_types)],
+            self.num_layers)
+        self.attn_type = describe_attn_types(self.attn_types)
+        _check_shared_attn_cfg(attn_cfg, self.attn_types, layer_cfgs)
         self.img_size = to_2tuple(img_size)
         self.patch_size = switches['patch_size']
 
-        self.with_cls_token = (operator.uses_cls_token
-                               if with_cls_token is None else bool(with_cls_token))
+        self.with_cls_token = class_token_of(self.attn_types, with_cls_token)
         self.num_register_tokens = switches['num_register_tokens']
         # Every leading non-patch token (class token, registers), as the adapter reads it.
         self.num_extra_tokens = int(self.with_cls_token) + self.num_register_tokens
@@ -339,8 +378,8 @@ class LinearViT(BaseBackbone):
             raise ValueError(f'unsupported out_type {out_type!r}; choose from {self.OUT_TYPES}')
         if out_type == 'cls_token' and not self.with_cls_token:
             raise ValueError(f'out_type="cls_token" needs a class token, which the '
-                             f'{attn_type!r} model does not carry (with_cls_token=False); use '
-                             f'"avg_featmap", "featmap" or "raw"')
+                             f'{self.attn_type!r} model does not carry (with_cls_token=False); '
+                             f'use "avg_featmap", "featmap" or "raw"')
         self.out_type = out_type
         pos_embed_type = switches['pos_embed_type']
         if pos_embed_type is None:
@@ -382,15 +421,13 @@ class LinearViT(BaseBackbone):
 
         self.out_indices = self._normalise_out_indices(out_indices)
         dpr = np.linspace(0, drop_path_rate, self.num_layers)
-        if isinstance(layer_cfgs, dict):
-            layer_cfgs = [layer_cfgs] * self.num_layers
         self.layers = ModuleList()
         for i in range(self.num_layers):
             layer_cfg = dict(
                 embed_dims=self.embed_dims,
                 num_heads=self.num_heads,
                 feedforward_channels=self.arch_settings['feedforward_channels'],
-                attn_type=attn_type,
+                attn_type=self.attn_types[i],
                 attn_cfg=attn_cfg,
                 drop_rate=drop_rate,
                 attn_drop_rate=attn_drop_rate,
