@@ -374,3 +374,32 @@ def test_dist_train_with_the_hook_logs_loss_distill(tmp_path, mini_data_root, te
     assert proc.returncode == 0, log[-4000:]
     assert 'gloo process group, rank 0 of 2' in log
     assert len(re.findall(r'Iter\(train\) \[\s*\d+/2\].*loss_distill: [\d.]+', log)) == 2
+
+
+def test_a_hybrid_student_skips_its_softmax_blocks_unless_listed(tmp_path, mini_data_root,
+                                                                 teacher_ckpt):
+    # The teacher's weights in a [relu, softmax] hybrid: block 1 is the teacher's own block,
+    # but its input differs from the teacher's by what relu changed in block 0.
+    hybrid = ['relu', 'softmax']
+    skipped = make_cfg(tmp_path / 'default', mini_data_root, teacher_ckpt, attn_type=hybrid,
+                       student_from_teacher=True, max_iters=1)
+    runner, recorder = run(skipped)
+    default = recorder.losses[0]
+    assert distill_hook(runner)._student_rec.layer_ids == [0]
+    log = next((tmp_path / 'default').glob('*/*.log')).read_text()
+    assert re.search(r'the student is a hybrid; its Softmax blocks \[1\] run the teacher\'s '
+                     r'operator and are not matched', log)
+    listed = make_cfg(tmp_path / 'listed', mini_data_root, teacher_ckpt, attn_type=hybrid,
+                      student_from_teacher=True, max_iters=1, layers=[0, 1])
+    runner, recorder = run(listed)
+    matched = recorder.losses[0]
+    assert distill_hook(runner)._student_rec.layer_ids == [0, 1]
+    assert 'not matched' not in next((tmp_path / 'listed').glob('*/*.log')).read_text()
+    # same weights, same batch: listing block 1 adds its (nonzero) term
+    assert default['loss_task'] == pytest.approx(matched['loss_task'])
+    assert 0 < default['loss_distill'] < matched['loss_distill']
+
+
+def test_a_softmax_student_still_matches_every_block(tmp_path, mini_data_root, teacher_ckpt):
+    runner, _ = run(make_cfg(tmp_path, mini_data_root, teacher_ckpt, max_iters=1))
+    assert distill_hook(runner)._student_rec.layer_ids == [0, 1]

@@ -126,7 +126,16 @@ class AttentionDistillHook(Hook):
             ``'map'`` matches attention maps (ablation; student and teacher operators
             both need a map).
         layers (Sequence[int], optional): block indices to match (negative ones count
-            from the end); all by default. An empty list is refused.
+            from the end). By default every block whose operator is not Softmax: all
+            blocks of a linear student; in a hybrid (``attn_type`` with Softmax in some
+            blocks) its Softmax blocks are skipped, and the log says which. Such a block
+            already runs the teacher's operator (FullCopy gives it the teacher's weights),
+            so there is nothing to transfer into it: its output differs from the teacher's
+            only through what the linear blocks before it changed in its input, which the
+            terms of the following linear blocks already measure, and matching it anyway
+            would train the Softmax attention to compensate for them instead of keeping the
+            teacher's. List them here to match them too. A student that is Softmax
+            throughout matches every block. An empty list is refused.
         patch_tokens_only (bool, optional): compare patch tokens only. Forced on
             when the student has no class token (mhla, ttt).
         stop_epoch / stop_iter (int, optional): switch distillation off from this
@@ -233,7 +242,16 @@ class AttentionDistillHook(Hook):
                                  f"operator(s) of the student do not have; use "
                                  f"target='output'")
         num_blocks = len(student_attn)
-        layer_ids = self.layers if self.layers is not None else list(range(num_blocks))
+        softmax = attention_class('softmax')
+        softmax_blocks = [i for i, m in enumerate(student_attn) if isinstance(m, softmax)]
+        skipped = []
+        if self.layers is not None:
+            layer_ids = self.layers
+        elif len(softmax_blocks) < num_blocks:
+            skipped = softmax_blocks
+            layer_ids = [i for i in range(num_blocks) if i not in softmax_blocks]
+        else:
+            layer_ids = list(range(num_blocks))
         bad = [i for i in layer_ids if not -num_blocks <= i < num_blocks]
         if bad:
             raise ValueError(f'layers {bad} are outside the {num_blocks} blocks of the student; '
@@ -261,6 +279,11 @@ class AttentionDistillHook(Hook):
             f'AttentionDistillHook: {self.target} distillation of blocks {layer_ids} from a '
             f'frozen {type(self.teacher).__name__} teacher, loss_weight={self.loss_weight}, '
             f'patch_tokens_only={self.patch_tokens_only}')
+        if skipped:
+            runner.logger.info(
+                f'AttentionDistillHook: the student is a hybrid; its Softmax blocks {skipped} '
+                f"run the teacher's operator and are not matched (give layers=[...] to match "
+                f'them too)')
 
     def _check_teacher(self, runner, student, student_attn, teacher_attn, layer_ids):
         """Refuse a teacher that cannot be matched with the student, naming every mismatch."""
