@@ -406,3 +406,31 @@ def test_builds_from_downstream_registries(scope):
         interaction_indexes=INTERACTIONS, conv_inplane=16, deform_num_heads=2,
         deform_ratio=1.0))
     assert isinstance(model, LinearViTAdapter)
+
+
+# ---------------------------------------------------------------------------- hybrids
+HYBRID = 'hedgehog+softmax@0,3'
+
+
+def test_a_hybrid_vit_loads_its_classification_checkpoint_and_trains(tmp_path):
+    """The adapter drives a hybrid's blocks, each with its own operator, loads the hybrid's
+    checkpoint strictly (hedgehog's feature maps in blocks 1 and 2, none in 0 and 3) and
+    every parameter gets a gradient."""
+    path, state_dict = classifier_checkpoint(tmp_path, HYBRID)
+    model = make_adapter(HYBRID, pretrained=str(path)).train()
+    assert model.vit.attn_types == ['softmax', 'hedgehog', 'hedgehog', 'softmax']
+    for key, value in model.vit.state_dict().items():
+        if key != 'pos_embed':  # resized from the checkpoint's 2x2 grid
+            assert torch.equal(value, state_dict[f'backbone.{key}']), key
+    outs = model(images((64, 48), batch=2))
+    assert [out.shape[-2:] for out in outs] == [(16, 12), (8, 6), (4, 3), (2, 2)]
+    sum(out.square().mean() for out in outs).backward()
+    no_grad = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not no_grad, f'parameters without gradient: {no_grad}'
+    assert model.vit.layers[1].attn.feature_proj.grad.abs().sum() > 0
+
+
+def test_a_checkpoint_of_another_layout_is_refused_by_key(tmp_path):
+    path, _ = classifier_checkpoint(tmp_path, 'softmax')
+    with pytest.raises(ValueError, match=r'missing keys: backbone\.layers\.1\.attn\.feature_proj'):
+        make_adapter(HYBRID, pretrained=str(path))

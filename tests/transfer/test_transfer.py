@@ -243,3 +243,38 @@ def test_report_counts(attn_type, counts, ckpt_paths, build):
     if attn_type == 'mhla':
         assert report['not in model'] == ['cls_token', 'pos_embed']
         assert report['kept own init']['layers.3.attn.block_mixing'] == 'operator-specific'
+
+
+# --------------------------------------------------------------- a hybrid
+
+
+HYBRID = ['softmax', 'relu', 'relu', 'hedgehog', 'relu', 'ttt', 'elu', 'relu', 'inline',
+          'mhla', 'relu', 'softmax']
+
+
+def test_fullcopy_fills_each_block_of_a_hybrid_by_its_operator(ckpt_paths, sources, build,
+                                                              state):
+    """Every block is filled as the single-operator model of its operator fills that block
+    (whole, leading rows, or its own init), and nothing else of the block changes."""
+    hybrid = build(HYBRID, with_cls_token=True)
+    before = state(hybrid)
+    report = transfer_softmax_weights(hybrid, ckpt_paths['timm'], setting='fullcopy')
+    after = state(hybrid)
+    for name in set(HYBRID):
+        single = build(name, with_cls_token=True)
+        expected = transfer_softmax_weights(single, ckpt_paths['timm'], setting='fullcopy')
+        for index in [i for i, block in enumerate(HYBRID) if block == name]:
+            tensors = [key for key in after if key.startswith(f'layers.{index}.')]
+            assert tensors == [key for key in state(single) if key.startswith(f'layers.{index}.')]
+            for key in tensors:
+                copied = key in expected['copied']
+                assert (key in report['copied']) == copied, key
+                assert report['partial'].get(key) == expected['partial'].get(key), key
+                if not copied:
+                    assert torch.equal(after[key], before[key]), key
+                    continue
+                rows = sources[key].shape[0]
+                assert torch.equal(after[key][:rows], sources[key]), key
+                assert torch.equal(after[key][rows:], before[key][rows:]), key
+    assert report['partial']['layers.5.attn.qkv.weight'].startswith(f'rows 0:{3 * C} of ')
+    assert 'layers.3.attn.feature_proj' in report['kept own init']
