@@ -6,6 +6,7 @@ teacher's weights stays identical to it.
 """
 import csv
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,20 @@ def test_teacher_checkpoint_in_timm_layout(students, tmp_path):
     with torch.no_grad():
         expected = reference.forward_features(images)[:, 0]
         assert torch.allclose(teacher(images)[0], expected, atol=1e-5)
+
+
+def test_a_hybrid_student_shows_each_block_s_operator(tmp_path, mini_data_root, teacher_ckpt,
+                                                      capsys):
+    """The teacher's weights in a [softmax, relu] hybrid: block 0 is the teacher's block on
+    the teacher's input (exact), block 1 is not."""
+    config = write_config(tmp_path / 'hybrid.py', mini_data_root, teacher_ckpt,
+                          ['softmax', 'relu'], from_teacher=True)
+    rows = run_tool(config, run_checkpoint(config, tmp_path / 'work'), tmp_path / 'out')
+    assert [row['operator'] for row in rows] == ['softmax', 'relu']
+    assert rows[0]['relmse_attn'] == 0 and rows[0]['relmse_block'] == 0
+    assert rows[1]['relmse_attn'] > 1e-6
+    printed = capsys.readouterr().out
+    assert re.search(r'^\s+0\s+softmax\s+1\.00000', printed, flags=re.M)
+    assert 'student: relu+softmax@0 backbone' in printed
+    with open(tmp_path / 'out' / 'fidelity.csv') as f:
+        assert [row['operator'] for row in csv.DictReader(f)] == ['softmax', 'relu']

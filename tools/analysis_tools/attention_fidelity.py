@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """How closely a linear-attention student reproduces its Softmax teacher, block by block.
 
-For a student checkpoint and its teacher, on a few images, the tool prints per block
+For a student checkpoint and its teacher, on a few images, the tool prints per block its
+operator (a hybrid student's differ from block to block) and
 
 * ``cos attn`` / ``relMSE attn``: cosine similarity and relative MSE between the
   student's and the teacher's attention outputs (what ``AttentionDistillHook``
@@ -51,7 +52,8 @@ import torch
 import torch.nn.functional as F
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff', '.ppm', '.pgm')
-CSV_COLUMNS = ('block', 'cos_attn', 'relmse_attn', 'cos_block', 'relmse_block', 'tokens')
+CSV_COLUMNS = ('block', 'operator', 'cos_attn', 'relmse_attn', 'cos_block', 'relmse_block',
+               'tokens')
 DISTILL_HOOK = 'AttentionDistillHook'
 
 
@@ -221,11 +223,13 @@ class BlockRecorder:
         self.attn = {}
         self.block = {}
         self.handles = []
+        self.operators = []
         for index, layer in enumerate(backbone.layers):
             attn = [m for m in layer.modules() if isinstance(m, BaseAttention)]
             if len(attn) != 1:
                 raise ValueError(f'block {index} holds {len(attn)} attention operators '
                                  f'(linvit_mm BaseAttention); expected one')
+            self.operators.append(attn[0].attn_type)
             self.handles.append(attn[0].register_forward_hook(self._keeper(self.attn, index)))
             self.handles.append(layer.register_forward_hook(self._keeper(self.block, index)))
 
@@ -297,7 +301,8 @@ def compare(student, teacher, batches, patch_tokens_only):
     finally:
         student_rec.remove()
         teacher_rec.remove()
-    return [dict(block=index, cos_attn=stats['attn'][index].cosine,
+    return [dict(block=index, operator=student_rec.operators[index],
+                 cos_attn=stats['attn'][index].cosine,
                  relmse_attn=stats['attn'][index].rel_mse,
                  cos_block=stats['block'][index].cosine,
                  relmse_block=stats['block'][index].rel_mse,
@@ -313,11 +318,12 @@ def preprocessed_batches(model, samples, batch_size, device):
 
 # ------------------------------------------------------------------ output
 def format_table(rows):
-    lines = [f'{"block":>5}  {"cos attn":>9}  {"relMSE attn":>11}  {"cos block":>9}  '
-             f'{"relMSE block":>12}']
+    lines = [f'{"block":>5}  {"operator":>9}  {"cos attn":>9}  {"relMSE attn":>11}  '
+             f'{"cos block":>9}  {"relMSE block":>12}']
     for row in rows:
-        lines.append(f'{row["block"]:>5}  {row["cos_attn"]:>9.5f}  {row["relmse_attn"]:>11.3e}  '
-                     f'{row["cos_block"]:>9.5f}  {row["relmse_block"]:>12.3e}')
+        lines.append(f'{row["block"]:>5}  {row["operator"]:>9}  {row["cos_attn"]:>9.5f}  '
+                     f'{row["relmse_attn"]:>11.3e}  {row["cos_block"]:>9.5f}  '
+                     f'{row["relmse_block"]:>12.3e}')
     return '\n'.join(lines)
 
 
