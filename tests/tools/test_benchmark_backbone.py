@@ -133,3 +133,68 @@ def test_targets_not_checked_are_one_line(bench):
 def test_unknown_operator_is_rejected(bench):
     with pytest.raises(SystemExit):
         bench.parse_args(['--operators', 'softmax', 'performer'])
+
+
+def test_a_hybrid_is_measured_beside_its_operators(bench, tmp_path):
+    rows = bench.main(['--arch', '{"embed_dims": 64, "num_layers": 2, "num_heads": 2, '
+                       '"feedforward_channels": 128}', '--operators', 'softmax', 'relu',
+                       'relu+softmax@-1', '--sizes', '64', '--repeats', '1', '--warmup', '0',
+                       '--threads', '1', '--no-memory', '--out-dir', str(tmp_path)])
+    by_op = {row['operator']: row for row in rows}
+    assert list(by_op) == ['softmax', 'relu', 'relu+softmax@1']  # as LinearViT names it
+    hybrid = by_op['relu+softmax@1']
+    assert hybrid['block_operators'] == ['relu', 'softmax']
+    assert hybrid['mac_bound'] == pytest.approx(
+        bench.mac_bound('relu+softmax@1', 64, TINY_ARCH), rel=1e-12)
+    # one block of each: its MACs are the mean of the two models' (same patch embedding)
+    assert hybrid['macs'] == pytest.approx((by_op['softmax']['macs'] + by_op['relu']['macs']) / 2,
+                                           rel=1e-12)
+
+
+def _hybrid_rows(bench, mixing):
+    """softmax, relu and relu+softmax@0,11 rows at both target sizes: relu at its MAC bound
+    (3x), the hybrid ``mixing`` times what its blocks' operators predict. Its MAC bound is
+    that of 2 blocks at 1x and 10 at 3x: 12 / (2 + 10 / 3) = 2.25."""
+    rows = []
+    blocks = ['softmax'] + ['relu'] * 10 + ['softmax']
+    for tokens in bench.BOUND_TARGET_TOKENS:
+        softmax = _row(tokens, 'softmax', 100., 100., None, 1.)
+        relu = _row(tokens, 'relu', 100. / 3, 100. / 3, None, 3.)
+        relu.update(speedup_fwd=3., speedup_train=3., fwd_pct_of_bound=100.,
+                    train_pct_of_bound=100.)
+        predicted = 2 / 12 * 100. + 10 / 12 * 100. / 3
+        hybrid = _row(tokens, 'relu+softmax@0,11', mixing * predicted, mixing * predicted,
+                      None, 2.25)
+        hybrid.update(speedup_fwd=100. / hybrid['fwd_ms'], speedup_train=100. / hybrid['fwd_ms'],
+                      block_operators=blocks)
+        rows += [softmax, relu, hybrid]
+    return rows
+
+
+def hybrid_verdicts(bench, rows):
+    return [result for result in bench.evaluate_targets(rows)
+            if result[0].startswith('relu+softmax@0,11')]
+
+
+def test_hybrid_target_is_its_mac_bound_plus_ten_percent(bench):
+    within = hybrid_verdicts(bench, _hybrid_rows(bench, mixing=1.05))
+    assert [name for name, _, _ in within] == [
+        f'relu+softmax@0,11 {kind} time <= 1.1x what its MAC bound predicts @ {tokens} tokens'
+        for tokens in bench.BOUND_TARGET_TOKENS for kind in ('fwd', 'train')]
+    assert {verdict for _, verdict, _ in within} == {'PASS'}
+    assert within[0][2] == ("1.05x softmax time / MAC bound (2.14x of 2.25x); 1.05x what its "
+                            "blocks' operators predict")
+    beyond = hybrid_verdicts(bench, _hybrid_rows(bench, mixing=1.15))
+    assert {verdict for _, verdict, _ in beyond} == {'FAIL'}
+    assert 'relu+softmax@0,11' not in bench.bound_fractions(['relu', 'relu+softmax@0,11'])
+
+
+@pytest.mark.parametrize('operator, message', [
+    ('relu+softmax@12', 'holds block 12, outside the 12 blocks'),
+    ('relu+performer@1', "unknown attention type 'performer'"),
+    ('relu+softmax', 'is not an operator@blocks part'),
+])
+def test_a_bad_hybrid_is_rejected(bench, capsys, operator, message):
+    with pytest.raises(SystemExit):
+        bench.parse_args(['--operators', 'softmax', operator])
+    assert message in capsys.readouterr().err

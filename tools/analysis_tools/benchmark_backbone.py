@@ -2,8 +2,8 @@
 """Benchmark the LinearViT backbone: every attention operator side by side, one run.
 
 For each input size (default 224, 512, 1024, 2048 px: 196 to 16384 patch tokens) and
-each operator (softmax, elu, relu, inline, mhla, ttt) at batch 1, float32, the tool
-measures
+each registered operator (softmax, elu, relu, inline, hedgehog, mhla, ttt) at batch 1,
+float32, the tool measures
 
 * forward latency: ``eval()`` under ``no_grad``;
 * training-step latency: ``train()``, forward plus backward of a scalar loss (the
@@ -42,10 +42,22 @@ Multiply-accumulate counts (the speed-up bound)
     ViT-S, the per-block ratios (``mac_bound(..., blocks_only=True)``) are 2.70 at 4096
     tokens and 7.89 at 16384; with the patch embedding they are 2.68 and 7.80.
 
+Hybrids
+    ``--operators`` also takes a hybrid in the compact form ``LinearViT.attn_type`` reports,
+    e.g. ``relu+softmax@0,11`` (relu, Softmax in blocks 0 and 11). ``count_macs`` sums its
+    blocks, each by its own operator, so its MAC bound is that of the mix. Its target: at
+    4096 and 16384 tokens it takes at most ``HYBRID_EXCESS`` (1.1) times what its MAC bound
+    predicts, softmax's time over the bound. The verdict also gives its time over what its
+    blocks' operators predict, each block charged its operator's measured time per block
+    (``sum_op n_op / L * t(op)``, with the single-operator rows of the same size): the cost of
+    mixing them, apart from how close each operator gets to its own bound.
+
 Example::
 
     python tools/analysis_tools/benchmark_backbone.py --threads 2 --repeats 3
     python tools/analysis_tools/benchmark_backbone.py --device cuda --repeats 20
+    python tools/analysis_tools/benchmark_backbone.py --operators softmax relu hedgehog \
+        relu+softmax@0,11 --sizes 1024 2048
 """
 import argparse
 import csv
@@ -62,6 +74,8 @@ from pathlib import Path
 import torch
 
 from linvit_mm.models.attention import attention_types
+from linvit_mm.models.backbones.hybrid import (describe_attn_types, parse_attn_spec,
+                                               resolve_attn_types)
 from linvit_mm.utils.benchmark import parse_arch, quiet_mmengine_logs, synchronise
 from linvit_mm.utils.complexity import count_macs, patch_grid
 
@@ -77,6 +91,7 @@ CSV_COLUMNS = ('size', 'patch_tokens', 'tokens', 'operator', 'fwd_ms', 'train_ms
 BOUND_TARGET_TOKENS = (4096, 16384)
 SMALL_TOKENS, SMALL_SLOWDOWN = 196, 1.1
 MEMORY_PAIR, MEMORY_GROWTH = (4096, 16384), 4.5
+HYBRID_EXCESS = 1.1
 # Above glibc's default threshold, below every activation of interest.
 MMAP_THRESHOLD = 128 * 1024
 PROBE_GRID = 2  # patches per side of the subprocess's warm-up input
@@ -327,7 +342,8 @@ def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
         macs = count_macs(models[op], size)['total']
         rows.append(dict(size=size, patch_tokens=hw_shape[0] * hw_shape[1],
                          tokens=models[op].num_extra_tokens + hw_shape[0] * hw_shape[1],
-                         operator=op, peak_mib=cuda_peak.get(op), macs=macs,
+                         operator=op, block_operators=models[op].attn_types,
+                         peak_mib=cuda_peak.get(op), macs=macs,
                          fwd_samples_ms=samples[op, 'fwd_ms'],
                          train_samples_ms=samples[op, 'train_ms'],
                          background_cores=background_cores, retakes=retakes[op],
@@ -395,11 +411,55 @@ def format_table(rows, size):
     return '\n'.join(lines)
 
 
+def is_hybrid(operator):
+    """Whether an ``--operators`` entry is a hybrid (``relu+softmax@0,11``)."""
+    return not isinstance(parse_attn_spec(operator), str)
+
+
 def bound_fractions(operators):
-    """``{operator: bound_fraction_target}`` of the measured operators that have one."""
+    """``{operator: bound_fraction_target}`` of the measured operators that have one
+    (hybrids have their own target, ``HYBRID_EXCESS``)."""
     from linvit_mm.models.attention import attention_class
-    fractions = {op: attention_class(op).bound_fraction_target for op in operators}
+    fractions = {op: attention_class(op).bound_fraction_target for op in operators
+                 if not is_hybrid(op)}
     return {op: fraction for op, fraction in fractions.items() if fraction is not None}
+
+
+def blockwise_prediction(row, by_key, kind):
+    """What the hybrid's blocks' operators predict for its ``kind`` time: each block charged
+    its operator's measured time per block, ``sum_op n_op / L * t(op)``; None when one of
+    them was not measured at that size."""
+    blocks = row['block_operators']
+    predicted = 0.
+    for op in set(blocks):
+        single = by_key.get((row['patch_tokens'], op))
+        if single is None:
+            return None
+        predicted += blocks.count(op) / len(blocks) * single[f'{kind}_ms']
+    return predicted
+
+
+def hybrid_targets(rows, by_key):
+    results = []
+    hybrids = [op for op in dict.fromkeys(row['operator'] for row in rows) if is_hybrid(op)]
+    for tokens in BOUND_TARGET_TOKENS:
+        for op in hybrids:
+            row = by_key.get((tokens, op))
+            for kind in ('fwd', 'train'):
+                name = (f'{op} {kind} time <= {HYBRID_EXCESS:.1f}x what its MAC bound predicts '
+                        f'@ {tokens} tokens')
+                if row is None or row['mac_bound'] is None:
+                    results.append((name, 'SKIP', 'size or softmax not measured'))
+                    continue
+                excess = row['mac_bound'] / row[f'speedup_{kind}']
+                detail = (f'{excess:.2f}x softmax time / MAC bound ({row[f"speedup_{kind}"]:.2f}x '
+                          f'of {row["mac_bound"]:.2f}x)')
+                predicted = blockwise_prediction(row, by_key, kind)
+                if predicted is not None:
+                    detail += (f"; {row[f'{kind}_ms'] / predicted:.2f}x what its blocks' "
+                               f'operators predict')
+                results.append((name, 'PASS' if excess <= HYBRID_EXCESS else 'FAIL', detail))
+    return results
 
 
 def evaluate_targets(rows):
@@ -429,6 +489,7 @@ def evaluate_targets(rows):
             ratio = row[f'{kind}_ms'] / ref[f'{kind}_ms']
             results.append((name, 'PASS' if ratio <= SMALL_SLOWDOWN else 'FAIL',
                             f'{ratio:.2f}x softmax'))
+    results += hybrid_targets(rows, by_key)
     small, large = MEMORY_PAIR
     for op in targets:
         name = f'{op} train peak memory @ {large} <= {MEMORY_GROWTH}x @ {small} tokens'
@@ -503,7 +564,8 @@ def parse_args(argv=None):
     operators = attention_types()
     parser.add_argument('--operators', nargs='+', default=operators,
                         help=f'operators to compare (default: all of {", ".join(operators)}; '
-                             f'{REFERENCE} is the reference of every ratio)')
+                             f'{REFERENCE} is the reference of every ratio), and hybrids such '
+                             f'as relu+softmax@0,11 (relu, Softmax in blocks 0 and 11)')
     parser.add_argument('--sizes', nargs='+', type=int, default=list(DEFAULT_SIZES),
                         help='square input sizes in px (multiples of the patch size)')
     parser.add_argument('--arch', default='small',
@@ -531,9 +593,14 @@ def parse_args(argv=None):
     parser.add_argument('--probe-memory', metavar='OPERATOR', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.arch = parse_arch(args.arch)
-    unknown = [op for op in args.operators if op not in operators]
-    if unknown:
-        parser.error(f'unknown operators {unknown}; valid operators are: {", ".join(operators)}')
+    from linvit_mm.models.backbones.linear_vit import LinearViT
+    try:
+        depth = LinearViT.resolve_arch(args.arch)['num_layers']
+        # a hybrid as LinearViT.attn_type writes it, so rows and models agree on its name
+        args.operators = [describe_attn_types(resolve_attn_types(op, depth))
+                          for op in args.operators]
+    except (TypeError, ValueError) as err:
+        parser.error(f'--operators: {err}')
     if args.repeats < 1 or args.warmup < 0:
         parser.error('--repeats must be >= 1 and --warmup >= 0')
     if args.threads is None:
