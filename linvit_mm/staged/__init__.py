@@ -3,7 +3,7 @@
 Attention alignment (``AttentionAligner``), feature alignment (``FeatureAligner``) and
 fine-tuning (dense or with mmpretrain's ``LoRAModel``) hand checkpoints from one stage to the
 next; this package holds what they share. Importing it registers the ``LinearViTCheckpoint``
-initialiser.
+initialiser; ``linvit_mm.engine``, which every config imports, imports it.
 """
 from .block_merge import merge_aligned_blocks
 from .loading import LinearViTCheckpointInit, load_linear_vit_checkpoint

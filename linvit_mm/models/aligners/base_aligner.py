@@ -5,6 +5,7 @@ from abc import abstractmethod
 from mmengine.model import BaseModel
 from mmengine.utils import to_2tuple
 from mmpretrain.registry import MODELS
+from torch import nn
 
 from ..attention import attention_class
 from ..backbones import LinearViT
@@ -52,8 +53,11 @@ class BaseAligner(BaseModel):
 
     def __init__(self, backbone, teacher, patch_tokens_only=None, data_preprocessor=None,
                  init_cfg=None):
-        data_preprocessor = dict(data_preprocessor or {})
-        data_preprocessor.setdefault('type', 'mmpretrain.ClsDataPreprocessor')
+        if not isinstance(data_preprocessor, nn.Module):
+            # Built from mmpretrain's registry, as ImageClassifier does, so that the type
+            # resolves whatever the default scope.
+            data_preprocessor = MODELS.build(
+                dict(dict(type='ClsDataPreprocessor'), **(data_preprocessor or {})))
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
         if patch_tokens_only not in (None, True, False):
             raise TypeError(f'patch_tokens_only must be None (automatic), True or False, got '
@@ -153,9 +157,8 @@ class BaseAligner(BaseModel):
         """Student and teacher ``(B, N, C)`` tokens restricted to those both compare."""
         if not self.patch_tokens_only:
             return student_tokens, teacher_tokens
-        # A student fed patch tokens only (patch_input) has no extra tokens to drop.
-        student_extra = 0 if self.patch_input else self.student_extra
-        return student_tokens[:, student_extra:], teacher_tokens[:, self.teacher_extra:]
+        return (student_tokens[:, self.student_extra:],
+                teacher_tokens[:, self.teacher_extra:])
 
     def forward(self, inputs, data_samples=None, mode='tensor'):
         """``mode='loss'``: the alignment losses; ``'tensor'``: what the student produces.
