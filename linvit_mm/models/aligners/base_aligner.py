@@ -67,7 +67,7 @@ class BaseAligner(BaseModel):
         teacher.requires_grad_(False)
         teacher.eval()
         self._teacher = _DetachedTeacher(teacher)
-        self._check_pair(self.backbone, teacher, teacher_cfg_has_init=self._has_init(teacher))
+        self._check_pair(self.backbone, teacher)
         self.student_extra = self.backbone.num_extra_tokens
         self.teacher_extra = teacher.num_extra_tokens
         # The student sees the teacher's sequence, or its patch tokens when it has no extras.
@@ -94,11 +94,7 @@ class BaseAligner(BaseModel):
         return cfg
 
     @staticmethod
-    def _has_init(vit):
-        return vit.init_cfg is not None
-
-    @staticmethod
-    def _check_pair(student, teacher, teacher_cfg_has_init):
+    def _check_pair(student, teacher):
         """Refuse a pair that cannot be aligned, naming every mismatch."""
         problems = []
         softmax = attention_class('softmax')
@@ -107,7 +103,7 @@ class BaseAligner(BaseModel):
         if non_softmax:
             problems.append(f"the teacher's attention is {non_softmax}, not Softmax: set its "
                             f"attn_type='softmax'")
-        if not teacher_cfg_has_init:
+        if teacher.init_cfg is None:
             problems.append('the teacher has no init_cfg, so it would keep random weights: '
                             "give it one that loads the Softmax checkpoint (e.g. "
                             "dict(type='SoftmaxTransfer', checkpoint=..., setting='fullcopy'))")
