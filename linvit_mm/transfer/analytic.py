@@ -192,7 +192,8 @@ def _patch_position_embedding(module):
     grid = tuple(module.patch_resolution)
     pos_embed = getattr(module, 'pos_embed', None)
     if pos_embed is not None:
-        return pos_embed[0, int(getattr(module, 'num_extra_tokens', 0)):]
+        slots = getattr(module, 'pos_embed_extra_tokens', getattr(module, 'num_extra_tokens', 0))
+        return pos_embed[0, int(slots):]
     fixed = module.position_embedding(grid, torch.empty(0, dtype=torch.float64))
     return fixed[0, -grid[0] * grid[1]:]
 

@@ -2,6 +2,9 @@
 
 - The head count: no shape tells how many heads a checkpoint's attention has, and copied
   ``q``/``k``/``v`` rows split into other heads compute another function.
+- The architecture: what a copied component computes depends on switches no tensor shape
+  of it shows (RoPE, registers, LayerScale, the MLP type, a pre-norm, a qkv bias, the patch
+  size); checkpoint and model must agree on each one a selected component depends on.
 - Completeness: every selected component the module has must come from the checkpoint, and
   wholly. A component is judged per block for the block components (``attention``,
   ``mlp``, ``norms``) and as a whole for the norms outside the blocks and the other
@@ -12,9 +15,10 @@ from collections import OrderedDict
 
 from linvit_mm.models.attention import OWN_INIT, WHOLE, BaseAttention
 
+from .families import FAMILIES, read_architecture
 from .settings import COMPONENTS, block_index, component_of
 
-__all__ = ['attention_operators', 'check_head_counts', 'check_complete']
+__all__ = ['attention_operators', 'check_head_counts', 'check_architecture', 'check_complete']
 
 _MAX_LISTED_NAMES = 4
 _MAX_LISTED_PARTS = 5
@@ -90,6 +94,99 @@ def _names_text(names):
     names = list(names)
     more = f', ... ({len(names)} in all)' if len(names) > _MAX_LISTED_NAMES else ''
     return ', '.join(names[:_MAX_LISTED_NAMES]) + more
+
+
+# --------------------------------------------------------------------- architecture
+
+# field -> the components whose copy computes another function when it differs
+_ARCH_FIELDS = OrderedDict([
+    ('patch_size', ('patch_embed', 'pos_embed')),
+    ('num_register_tokens', ('registers', )),
+    ('rope', ('attention', )),
+    ('layer_scale', ('attention', 'mlp')),
+    ('qkv_bias', ('attention', )),
+    ('ffn_type', ('mlp', )),
+    ('ffn_norm', ('mlp', )),
+    ('pre_norm', ('norms', )),
+])
+
+
+def check_architecture(module, ckpt, selected, prefix, warnings):
+    """Refuse a checkpoint whose architecture differs from the model's where it matters.
+
+    Compared for a backbone (a module with blocks under ``prefix``), each field only when a
+    component that depends on it is copied (``_ARCH_FIELDS``): e.g. a DINOv3 checkpoint's
+    attention was trained with RoPE, so it is not copied into a model without; its MLP
+    does not care. A checkpoint whose family is unknown has an unknown RoPE: its attention is
+    refused by a model with RoPE, and copied into one without with a warning.
+
+    Raises:
+        ValueError: naming each field that differs with both values, before anything is
+            copied.
+    """
+    if ckpt is None:
+        return
+    model_tensors = {prefix + name: tensor for name, tensor in module.state_dict().items()}
+    if not any(name.startswith('backbone.layers.') for name in model_tensors):
+        return
+    model_arch = read_architecture(model_tensors, getattr(module, 'pos_embed_extra_tokens',
+                                                          None))
+    rope = getattr(module, 'rope', None)
+    model = dict(model_arch._asdict(), rope=getattr(rope, 'rope_type', None),
+                 patch_size=_square(getattr(module, 'patch_size', None)))
+    checkpoint = {field: getattr(ckpt, field) for field in _ARCH_FIELDS}
+    checkpoint['patch_size'] = _square(ckpt.patch_size)
+    differ = []
+    for field, components in _ARCH_FIELDS.items():
+        if not set(components) & set(selected):
+            continue
+        if field == 'rope' and ckpt.family is None:
+            if model['rope'] is not None:
+                differ.append(f'rope: checkpoint unknown (its source family is unknown), model '
+                              f'{model["rope"]!r}')
+            else:
+                warnings.append('the checkpoint\'s source family is unknown, so whether its '
+                                'attention was trained with RoPE is too; it is copied into a '
+                                'model without. State the family with family= to have it '
+                                'checked')
+            continue
+        if field == 'patch_size' and None in (checkpoint[field], model[field]):
+            continue  # a checkpoint without patch embedding, or a module without patches
+        if checkpoint[field] != model[field]:
+            differ.append(f'{field}: checkpoint {checkpoint[field]!r}, model {model[field]!r}')
+    if not differ:
+        return
+    family = (f'{ckpt.family} family ({ckpt.family_from})' if ckpt.family
+              else 'unknown family')
+    word = _arch_word(ckpt)
+    advice = (f"Build the model with arch='{word}' (the checkpoint's arch word) or an arch dict "
+              f'with these values' if word else 'Build the model with these values (an arch '
+              'dict with the switches of LinearViT)')
+    raise ValueError(
+        f'the checkpoint ({family}, {ckpt.source_format} layout) does not fit the '
+        f'{type(module).__name__} in what the selected components {list(selected)} compute:\n  '
+        + '\n  '.join(differ) + f'\nNothing was copied. {advice}, or copy without the '
+        f'components that depend on them.')
+
+
+def _square(size):
+    """An int patch size from an ``(h, w)`` pair of equal sides (or an int)."""
+    if isinstance(size, (tuple, list)) and len(size) == 2 and size[0] == size[1]:
+        return int(size[0])
+    return size
+
+
+def _arch_word(ckpt):
+    """The LinearViT arch word of the checkpoint's family and width, if there is one."""
+    from linvit_mm.models import LinearViT
+    if ckpt.family not in FAMILIES:
+        return None
+    for word, arch in LinearViT.arch_zoo.items():
+        if (word.startswith(ckpt.family + '-') and arch['embed_dims'] == ckpt.embed_dims
+                and arch.get('num_register_tokens', 0) == ckpt.num_register_tokens
+                and arch['num_layers'] == ckpt.depth):
+            return word
+    return None
 
 
 # --------------------------------------------------------------------- completeness

@@ -19,6 +19,14 @@ another tool in the same layout gets the same label):
   released ``{'state_dict': ...}`` backbone files, with or without ``backbone.``.
 - ``'mae'``: ``{'model': ...}`` with the decoder (``decoder_*``, ``mask_token``) or the
   global-pool ``fc_norm`` of MAE fine-tuned models.
+- ``'dinov2'``, ``'dinov3'``, ``'eva02'``, ``'clip'``: the original releases of those
+  families (bare or in any of the containers above), converted to timm's names as timm's
+  ``checkpoint_filter_fn`` does (:mod:`linvit_mm.transfer.releases`).
+
+In timm's names, EVA's query/value biases and separate q/k/v projections and SwiGLU's split
+gate/value layers are folded into a plain ViT's ``qkv`` / ``fc1``
+(:func:`~linvit_mm.transfer.releases.merge_timm_variants`), and a SwiGLU MLP is read with
+its own key map.
 
 Files are read with ``torch.load(weights_only=True)`` first; one that also pickles
 training metadata (the ``args`` namespace of DeiT / DINO / MAE releases, numpy scalars,
@@ -35,7 +43,8 @@ import torch
 
 from linvit_mm.utils.checkpoint import UnsafeCheckpointError, load_checkpoint_file
 
-from .key_maps import KEY_MAPS, UNMAPPED_GROUP, KeyMap
+from .key_maps import KEY_MAPS, TIMM_KEYS, UNMAPPED_GROUP, KeyMap, timm_key_map
+from .releases import RELEASES, find_release, merge_timm_variants
 
 __all__ = ['KNOWN_FORMATS', 'Encoder', 'read_source', 'find_encoder', 'refuse_non_finite']
 
@@ -52,6 +61,7 @@ _FORMATS = {
     'ibot': ("iBOT full checkpoint {'teacher', 'student', 'ibot_loss'} or "
              "{'state_dict': ...} backbone file", 'timm'),
     'mae': ("{'model': encoder keys + decoder_*/mask_token, or fc_norm (fine-tuned)}", 'timm'),
+    **{release.name: (release.description, 'timm') for release in RELEASES.values()},
 }
 KNOWN_FORMATS = {name: description for name, (description, _) in _FORMATS.items()}
 
@@ -222,6 +232,10 @@ def find_encoder(raw, where):
 
     def found(source_format, state):
         key_map = KEY_MAPS[_FORMATS[source_format][1]]
+        if key_map is TIMM_KEYS:
+            state, merge_notes = merge_timm_variants(state)
+            notes.extend(merge_notes)
+            key_map = timm_key_map(state)
         if not key_map.has_blocks(state):
             raise _unrecognised(where, raw, state)
         return Encoder(source_format, key_map, state, prefix_groups, notes)
@@ -229,6 +243,14 @@ def find_encoder(raw, where):
     if (_has_prefix(model_dict, 'backbone.layers.')
             or _has_prefix(model_dict, 'backbone.patch_embed.projection.')):
         return found('mmpretrain', model_dict)
+
+    release = find_release(model_dict)
+    if release is not None:
+        state, groups, release_notes = release.convert(model_dict)
+        for group, keys in groups.items():
+            prefix_groups.setdefault(group, []).extend(keys)
+        notes.extend(release_notes)
+        return found(release.name, state)
 
     if _has_prefix(model_dict, 'base_encoder.'):
         encoder, rest = _split_prefix(model_dict, 'base_encoder.')

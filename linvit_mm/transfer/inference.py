@@ -112,7 +112,9 @@ def _pos_layout(state, has_dist, notes):
         raise ValueError('pos_embed must have shape (1, tokens, C), got '
                          f'{tuple(pos_embed.shape)}')
     num_slots = int(pos_embed.shape[1])
-    num_prefix = int('backbone.cls_token' in state) + int(has_dist)
+    registers = state.get('backbone.register_tokens')
+    num_prefix = (int('backbone.cls_token' in state) + int(has_dist)
+                  + (int(registers.shape[1]) if registers is not None else 0))
     candidates = [num_prefix] + [k for k in (0, 1, 2) if k != num_prefix]
     extra = next((k for k in candidates if num_slots > k
                   and math.isqrt(num_slots - k) ** 2 == num_slots - k), None)
@@ -129,9 +131,9 @@ def _pos_layout(state, has_dist, notes):
                      'and head_dist are unused')
     elif extra == 0 and num_prefix > 0:
         notes.append('pos_embed has no class-token slot (num_extra_tokens=0, e.g. '
-                     'DeiT III / timm no_embed_class): the class token gets no '
-                     'position embedding; prepend a zero slot to load it into a '
-                     'ViT whose pos_embed covers the class token')
+                     'DeiT III, DINOv2 with registers / timm no_embed_class): the class token '
+                     '(and registers) get no position embedding; prepend a zero slot to load '
+                     'it into a ViT whose pos_embed covers the class token')
     elif extra != num_prefix:
         notes.append(f'pos_embed has {extra} leading non-patch slot(s) but the '
                      f'checkpoint has {num_prefix} prefix token(s)')

@@ -26,6 +26,7 @@ from mmengine.model import is_model_wrapper
 from mmengine.model.weight_init import update_init_info
 from mmengine.registry import WEIGHT_INITIALIZERS
 
+from .families import FAMILIES, known_families_text
 from .inference import check_num_heads
 from .settings import resolve_setting
 from .transfer import transfer_softmax_weights
@@ -53,16 +54,21 @@ class SoftmaxTransferInit:
             checkpoints that do not state it; see :func:`transfer_softmax_weights`.
         allow_partial (bool): copy components the checkpoint holds only in part instead of
             refusing; see :func:`transfer_softmax_weights`.
+        family (str, optional): the checkpoint's source family, for one whose tensors do not
+            tell it; see :func:`load_softmax_checkpoint`.
 
     After a call the module carries the report as ``module.transfer_report``.
     """
 
     def __init__(self, checkpoint=None, setting=None, components=None, prefix='backbone.',
                  map_location='cpu', fc_norm_target='ln2', analytic_cfg=None, num_heads=None,
-                 allow_partial=False):
+                 allow_partial=False, family=None):
         self.setting, self.components, self.analytic = resolve_setting(setting, components)
         if num_heads is not None:
             check_num_heads(num_heads, None)
+        if family is not None and family not in FAMILIES:
+            raise ValueError(f'SoftmaxTransfer: unknown source family {family!r}; known '
+                             f'families are: {known_families_text()}')
         if checkpoint is None and self.components:
             what = (f'setting {setting!r}' if setting is not None
                     else f'components {list(self.components)}')
@@ -75,6 +81,7 @@ class SoftmaxTransferInit:
         self.analytic_cfg = analytic_cfg
         self.num_heads = num_heads
         self.allow_partial = allow_partial
+        self.family = family
         # mmengine's initialize() sets this on every initialiser; this one acts on the module
         # as a whole either way.
         self.wholemodule = False
@@ -87,7 +94,7 @@ class SoftmaxTransferInit:
             components=None if self.setting is not None else list(self.components),
             prefix=self.prefix, logger='current', analytic_cfg=self.analytic_cfg,
             map_location=self.map_location, fc_norm_target=self.fc_norm_target,
-            num_heads=self.num_heads, allow_partial=self.allow_partial)
+            num_heads=self.num_heads, allow_partial=self.allow_partial, family=self.family)
         module.transfer_report = report
         if hasattr(module, '_params_init_info'):
             update_init_info(module, init_info=self._get_init_info())

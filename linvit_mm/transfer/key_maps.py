@@ -6,7 +6,8 @@ follows::
 
     backbone.patch_embed.projection.{weight,bias}
     backbone.cls_token                      (1, 1, C)
-    backbone.pos_embed                      (1, num_extra_tokens + H*W, C)
+    backbone.register_tokens                (1, R, C) registers (DINOv2 / DINOv3)
+    backbone.pos_embed                      (1, slots + H*W, C), a slot per extra token or none
     backbone.pre_norm.*                     (CLIP-style norm before the blocks)
     backbone.layers.N.ln1.*                 norm before attention
     backbone.layers.N.attn.qkv.*            (3C, C) rows ordered q, k, v
@@ -15,6 +16,9 @@ follows::
     backbone.layers.N.ln2.*                 norm before the MLP
     backbone.layers.N.ffn.layers.0.0.*      fc1
     backbone.layers.N.ffn.layers.1.*        fc2
+    backbone.layers.N.ffn.w12.*             SwiGLU gate and value rows (EVA-02; replaces fc1)
+    backbone.layers.N.ffn.norm.*            SwiGLU hidden norm (EVA-02 sub-LN)
+    backbone.layers.N.ffn.w3.*              SwiGLU output (replaces fc2)
     backbone.layers.N.ffn.gamma2.weight     layer scale (DeiT III)
     backbone.ln1.*                          final norm over all tokens (final_norm=True)
     backbone.ln2.*                          norm after average pooling (out_type='avg_featmap')
@@ -30,8 +34,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Tuple
 
-__all__ = ['KeyMap', 'KEY_MAPS', 'TIMM_KEYS', 'MMPRETRAIN_KEYS', 'map_keys', 'place_pooled_norm',
-           'DIST_GROUP', 'UNMAPPED_GROUP']
+__all__ = ['KeyMap', 'KEY_MAPS', 'TIMM_KEYS', 'TIMM_SWIGLU_KEYS', 'MMPRETRAIN_KEYS', 'map_keys',
+           'place_pooled_norm', 'timm_key_map', 'DIST_GROUP', 'UNMAPPED_GROUP']
 
 # Why a source tensor was left unused; shared by the key maps and the layout readers.
 DIST_GROUP = 'distillation token / head (DeiT distilled)'
@@ -136,9 +140,17 @@ _TIMM_BLOCK = {
     'ls2.gamma': 'ffn.gamma2.weight',
     'gamma_2': 'ffn.gamma2.weight',
 }
+# A SwiGLU MLP in timm names (GluMlp: fc1 holds the gate rows, then the value rows;
+# releases.merge_timm_variants packs SwiGLU's fc1_g / fc1_x so): mmpretrain's SwiGLUFFN.
+_TIMM_SWIGLU_BLOCK = dict(
+    {key: value for key, value in _TIMM_BLOCK.items() if not key.startswith('mlp.')},
+    **{'mlp.fc1.weight': 'ffn.w12.weight', 'mlp.fc1.bias': 'ffn.w12.bias',
+       'mlp.norm.weight': 'ffn.norm.weight', 'mlp.norm.bias': 'ffn.norm.bias',
+       'mlp.fc2.weight': 'ffn.w3.weight', 'mlp.fc2.bias': 'ffn.w3.bias'})
 
 _TIMM_TOP = {
     'cls_token': 'backbone.cls_token',
+    'reg_token': 'backbone.register_tokens',
     'pos_embed': 'backbone.pos_embed',
     'patch_embed.proj.weight': 'backbone.patch_embed.projection.weight',
     'patch_embed.proj.bias': 'backbone.patch_embed.projection.bias',
@@ -174,6 +186,16 @@ TIMM_KEYS = KeyMap(
     notes={'patch_embed.weight': 'the patch embedding is a bare conv (patch_embed.weight / '
                                  '.bias): read as backbone.patch_embed.projection'})
 
+# timm's ViTs whose MLP is a SwiGLU (EVA-02): the same names but for the MLP's.
+TIMM_SWIGLU_KEYS = KeyMap(
+    name='timm-swiglu',
+    top=TIMM_KEYS.top,
+    block_pattern=TIMM_KEYS.block_pattern,
+    block=_TIMM_SWIGLU_BLOCK,
+    unused=TIMM_KEYS.unused,
+    dist_token=TIMM_KEYS.dist_token,
+    notes=TIMM_KEYS.notes)
+
 # mmpretrain's own names, kept as they are; LinearClsHead's head.fc is the same classifier.
 MMPRETRAIN_KEYS = KeyMap(
     name='mmpretrain',
@@ -181,7 +203,7 @@ MMPRETRAIN_KEYS = KeyMap(
              **{'head.fc.weight': 'head.layers.head.weight',
                 'head.fc.bias': 'head.layers.head.bias'}),
     block_pattern=r'^backbone\.layers\.(\d+)\.(.+)$',
-    block={name: name for name in _TIMM_BLOCK.values()},
+    block={name: name for name in (*_TIMM_BLOCK.values(), *_TIMM_SWIGLU_BLOCK.values())},
     unused=((r'^backbone\.dist_token$|^head\.layers\.head_dist\.', DIST_GROUP),
             (r'^backbone\.', UNMAPPED_GROUP),
             (r'^head\.', NOT_A_CLASSIFIER_GROUP),
@@ -189,7 +211,20 @@ MMPRETRAIN_KEYS = KeyMap(
     dist_token='backbone.dist_token',
     notes={'head.fc.weight': 'LinearClsHead head.fc -> head.layers.head'})
 
-KEY_MAPS: Dict[str, KeyMap] = {key_map.name: key_map for key_map in (TIMM_KEYS, MMPRETRAIN_KEYS)}
+KEY_MAPS: Dict[str, KeyMap] = {key_map.name: key_map for key_map in (
+    TIMM_KEYS, TIMM_SWIGLU_KEYS, MMPRETRAIN_KEYS)}
+
+
+def timm_key_map(state):
+    """The timm key map for ``state``: SwiGLU's if its first MLP is a packed gated one
+    (``fc1`` has twice the rows ``fc2`` reads), the plain ViT's otherwise."""
+    fc1 = next((value for key, value in state.items()
+                if re.match(r'^blocks\.\d+\.mlp\.fc1\.weight$', key)), None)
+    fc2 = next((value for key, value in state.items()
+                if re.match(r'^blocks\.\d+\.mlp\.fc2\.weight$', key)), None)
+    gated = (fc1 is not None and fc2 is not None and fc1.dim() == fc2.dim() == 2
+             and fc1.shape[0] == 2 * fc2.shape[1])
+    return TIMM_SWIGLU_KEYS if gated else TIMM_KEYS
 
 
 def place_pooled_norm(state, target, notes):

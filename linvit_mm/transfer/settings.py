@@ -7,14 +7,16 @@ A *component* is a group of Softmax ViT tensors, named as mmpretrain names them 
 component     tensors
 ============  ===========================================================================
 attention     ``backbone.layers.N.attn.{qkv,proj}.{weight,bias}`` (+ layer scale ``gamma1``)
-mlp           ``backbone.layers.N.ffn.layers.{0.0,1}.{weight,bias}`` (+ ``gamma2``) **and**
-              ``backbone.layers.N.ln2.*``, the norm that feeds the MLP
+mlp           ``backbone.layers.N.ffn.layers.{0.0,1}.{weight,bias}`` (SwiGLU:
+              ``ffn.{w12,norm,w3}.*``) (+ ``gamma2``) **and** ``backbone.layers.N.ln2.*``, the
+              norm that feeds the MLP
 norms         the other norms: ``backbone.layers.N.ln1.*`` (feeds the attention), the final
               norm ``backbone.ln1.*``, the pooled-token norm ``backbone.ln2.*``,
               ``backbone.pre_norm.*``
 patch_embed   ``backbone.patch_embed.projection.{weight,bias}``
 pos_embed     ``backbone.pos_embed`` (resized when the patch grid differs)
 cls_token     ``backbone.cls_token``
+registers     ``backbone.register_tokens`` (DINOv2 with registers, DINOv3)
 head          ``head.layers.head.*``, ``head.layers.pre_logits.*``
 ============  ===========================================================================
 
@@ -37,7 +39,7 @@ impulse    nothing                                    q/k/v/proj, learned ``pos_
                                                       scaled (Impulse)
 copy       attention                                  -
 mlpcopy    mlp (with ``ln2``)                         -
-fullcopy   all seven components                       -
+fullcopy   all eight components                       -
 =========  =========================================  ===================================
 
 Table G (FullCopy without the class token, or the position or patch embedding) is the
@@ -49,7 +51,8 @@ import re
 __all__ = ['COMPONENTS', 'SETTINGS', 'ANALYTIC_SETTINGS', 'resolve_setting', 'component_of',
            'is_softmax_tensor', 'block_index']
 
-COMPONENTS = ('attention', 'mlp', 'norms', 'patch_embed', 'pos_embed', 'cls_token', 'head')
+COMPONENTS = ('attention', 'mlp', 'norms', 'patch_embed', 'pos_embed', 'cls_token', 'registers',
+              'head')
 
 # name -> (components copied from the checkpoint, analytic initialisation or None)
 SETTINGS = {
@@ -68,11 +71,12 @@ _BLOCK = r'backbone\.layers\.(\d+)\.'
 _PATTERNS = {
     'attention': [_BLOCK + r'attn\.(qkv|proj)\.(weight|bias)$', _BLOCK + r'attn\.gamma1\.weight$'],
     'mlp': [_BLOCK + r'ffn\.layers\.(0\.0|1)\.(weight|bias)$', _BLOCK + r'ffn\.gamma2\.weight$',
-            _BLOCK + r'ln2\.(weight|bias)$'],
+            _BLOCK + r'ffn\.(w12|norm|w3)\.(weight|bias)$', _BLOCK + r'ln2\.(weight|bias)$'],
     'norms': [_BLOCK + r'ln1\.(weight|bias)$', r'backbone\.(ln1|ln2|pre_norm)\.(weight|bias)$'],
     'patch_embed': [r'backbone\.patch_embed\.projection\.(weight|bias)$'],
     'pos_embed': [r'backbone\.pos_embed$'],
     'cls_token': [r'backbone\.cls_token$'],
+    'registers': [r'backbone\.register_tokens$'],
     'head': [r'head\.layers\.(head|pre_logits)\.(weight|bias)$'],
 }
 _PATTERNS = {name: [re.compile(p) for p in patterns] for name, patterns in _PATTERNS.items()}

@@ -15,12 +15,15 @@ Rules:
   that selects no tensor of the checkpoint (the error lists the prefixes it has), a
   selected component the model has but the checkpoint lacks entirely, and a component the
   checkpoint holds only in part (per block for ``attention``, ``mlp``, ``norms``), unless
-  ``allow_partial``.
+  ``allow_partial``; and an architecture switch (RoPE, registers, LayerScale, the MLP type,
+  a pre-norm, a qkv bias, the patch size) in which checkpoint and model differ where a
+  copied component depends on it.
 - A classifier head with a different number of classes keeps its own init and is reported
   as such (a transfer to another label set); a head of another width is an error.
 - Copies are exact ``copy_`` under ``no_grad``. The only tensors that are not bit-equal to
-  the checkpoint are a ``pos_embed`` resized to another patch grid (mmpretrain's
-  ``resize_pos_embed``, the model's interpolation mode) and a dtype conversion.
+  the checkpoint are a ``pos_embed`` resized to another patch grid (the model's own
+  resampling: its interpolation mode and antialias; mmpretrain's ``resize_pos_embed`` for a
+  module without one) and a dtype conversion.
 - Operator-specific tensors (MHLA's ``block_mixing`` and ``value_conv``; TTT's ``w1``,
   ``w2``, ``w3``, ``cpe``, the extra ``3d`` qkv rows and its ``(C, C + d)`` proj) keep the
   operator's own init. Which rows of ``qkv`` / ``proj`` a checkpoint fills is the
@@ -38,7 +41,8 @@ from linvit_mm.models.attention import LEADING_ROWS, OWN_INIT, WHOLE
 
 from .analytic import IMPULSE_DEFAULTS, MIMETIC_DEFAULTS, impulse_init, mimetic_init
 from .checkpoint import SoftmaxCheckpoint, load_softmax_checkpoint
-from .checks import attention_operators, check_complete, check_head_counts
+from .checks import (attention_operators, check_architecture, check_complete,
+                     check_head_counts)
 from .report import REPORT_STATUSES, format_transfer_report
 from .settings import COMPONENTS, block_index, component_of, is_softmax_tensor, resolve_setting
 
@@ -58,7 +62,7 @@ NO_COUNTERPART = 'no Softmax ViT counterpart'
 def transfer_softmax_weights(module, checkpoint=None, setting=None, components=None,
                              prefix='backbone.', logger='current', analytic_cfg=None,
                              map_location='cpu', fc_norm_target='ln2', num_heads=None,
-                             allow_partial=False):
+                             allow_partial=False, family=None):
     """Initialise ``module`` from a Softmax ViT checkpoint with one setting of the paper.
 
     Args:
@@ -87,6 +91,8 @@ def transfer_softmax_weights(module, checkpoint=None, setting=None, components=N
         allow_partial (bool): copy a component the checkpoint holds only in part (e.g. a
             block whose ``fc1`` is missing) instead of refusing; what was left out is
             reported (``'copied in part'``) and logged as a warning.
+        family (str, optional): the checkpoint's source family, for one whose tensors do
+            not tell it (see :func:`load_softmax_checkpoint`).
 
     Returns:
         dict: the report. ``'setting'``, ``'components'``, ``'analytic_method'``,
@@ -121,12 +127,13 @@ def transfer_softmax_weights(module, checkpoint=None, setting=None, components=N
         if checkpoint is None:
             raise ValueError(f'{_describe(setting, selected)} copies from a Softmax checkpoint, '
                              f'but checkpoint is None; only random, mimetic and impulse need none')
-        ckpt = _as_checkpoint(checkpoint, map_location, fc_norm_target, num_heads)
+        ckpt = _as_checkpoint(checkpoint, map_location, fc_norm_target, num_heads, family)
         notes += [f'checkpoint: {note}' for note in ckpt.notes]
     elif checkpoint is not None:
         notes.append(f'{_describe(setting, selected)} copies nothing; the checkpoint was not '
                      f'read')
 
+    check_architecture(module, ckpt, selected, prefix, warnings)
     plan = _plan(module, ckpt, selected, prefix, notes)
     heads = check_head_counts(module, ckpt, selected, notes, warnings)
     in_part = check_complete(module, ckpt, plan, _describe(setting, selected), selected, prefix,
@@ -189,11 +196,12 @@ def _check_qk_operators(module, analytic):
                              f'fullcopy')
 
 
-def _as_checkpoint(checkpoint, map_location, fc_norm_target, num_heads):
+def _as_checkpoint(checkpoint, map_location, fc_norm_target, num_heads, family):
     if isinstance(checkpoint, SoftmaxCheckpoint):
-        return checkpoint.with_num_heads(num_heads)
+        return checkpoint.with_family(family).with_num_heads(num_heads)
     return load_softmax_checkpoint(checkpoint, map_location=map_location,
-                                   fc_norm_target=fc_norm_target, num_heads=num_heads)
+                                   fc_norm_target=fc_norm_target, num_heads=num_heads,
+                                   family=family)
 
 
 # --------------------------------------------------------------------------- planning
@@ -306,12 +314,12 @@ def _differs_in_rows_only(source, target):
 
 
 def _fit_pos_embed(source, target, ckpt, module):
-    """The checkpoint's pos_embed laid out for the model's grid and extra tokens."""
+    """The checkpoint's pos_embed laid out for the model's grid and extra-token slots."""
     from mmpretrain.models.utils import resize_pos_embed
     if source.dim() != 3 or source.shape[0] != 1 or source.shape[2] != target.shape[2]:
         return None, 'embedding widths differ'
     grid = getattr(module, 'patch_resolution', None)
-    extra = getattr(module, 'num_extra_tokens', None)
+    extra = getattr(module, 'pos_embed_extra_tokens', getattr(module, 'num_extra_tokens', None))
     if grid is None or extra is None:
         return None, 'the model does not say its patch grid (patch_resolution)'
     if ckpt.pos_grid is None or ckpt.num_extra_tokens is None:
@@ -329,7 +337,11 @@ def _fit_pos_embed(source, target, ckpt, module):
                     f'checkpoint gives it no position embedding)')
     if src_grid != grid:
         mode = getattr(module, 'interpolate_mode', 'bicubic')
-        source = resize_pos_embed(source, src_grid, grid, mode=mode, num_extra_tokens=extra)
+        if hasattr(module, '_resample_pos_embed'):
+            # the model's own resampling, as at its forward (timm's for the source arches)
+            source = module._resample_pos_embed(source, src_grid, grid)
+        else:
+            source = resize_pos_embed(source, src_grid, grid, mode=mode, num_extra_tokens=extra)
         what.append(f'resized from {src_grid[0]}x{src_grid[1]} to {grid[0]}x{grid[1]} ({mode})')
     return source, '; '.join(what)
 

@@ -103,3 +103,29 @@ def test_dst_that_is_the_source_is_refused_before_reading(how, tmp_path, monkeyp
     err = capsys.readouterr().err
     assert 'is the source file' in err and 'Give another DST' in err
     assert src.read_bytes() == b'not read'
+
+
+def test_a_release_converts_with_its_family_and_an_unknown_family_is_refused(tmp_path, capsys):
+    import timm
+    torch.manual_seed(0)
+    dinov3 = timm.create_model('vit_small_patch16_dinov3', pretrained=False, img_size=32,
+                               depth=1, embed_dim=64, num_heads=4)
+    release = {('storage_tokens' if k == 'reg_token' else k.replace('gamma_', 'ls')
+                .replace('ls1', 'ls1.gamma').replace('ls2', 'ls2.gamma')): v
+               for k, v in dinov3.state_dict().items()}
+    release['mask_token'] = torch.zeros(1, 64)
+    src, dst = tmp_path / 'dinov3.pth', tmp_path / 'out.pth'
+    torch.save(release, src)
+    assert converter.main([str(src), str(dst), '--num-heads', '4']) == 0
+    out = capsys.readouterr().out
+    assert 'source format   : dinov3' in out
+    assert "family          : dinov3 (its dinov3 release layout)" in out
+    meta = torch.load(dst, weights_only=True)['meta']
+    assert (meta['family'], meta['num_register_tokens'], meta['rope']) == ('dinov3', 4, 'dinov3')
+    again = load_softmax_checkpoint(dst)
+    assert (again.family, again.rope, again.num_register_tokens) == ('dinov3', 'dinov3', 4)
+
+    assert converter.main([str(src), str(tmp_path / 'other.pth'), '--family', 'dinov4']) == 1
+    err = capsys.readouterr().err
+    assert "unknown source family 'dinov4'; known families are: dinov3:" in err
+    assert not (tmp_path / 'other.pth').exists()

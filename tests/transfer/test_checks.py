@@ -195,8 +195,8 @@ def test_fullcopy_refuses_a_component_the_checkpoint_lacks(timm_sd, build, refus
     message = refuses(build('softmax'), without(timm_sd, r'cls_token'), setting='fullcopy')
     assert ("has no tensor of the component(s) ['cls_token'] that the LinearViT has (cls_token "
             "under prefix 'backbone.')") in message
-    assert ("components=['attention', 'mlp', 'norms', 'patch_embed', 'pos_embed', 'head']"
-            in message)
+    assert ("components=['attention', 'mlp', 'norms', 'patch_embed', 'pos_embed', 'registers', "
+            "'head']" in message)
     refuses(build('softmax'), without(timm_sd, r'pos_embed'), components=list(COMPONENTS),
             match=r"component\(s\) \['pos_embed'\]")
     # the Table G form without the class token is complete

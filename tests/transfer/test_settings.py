@@ -22,7 +22,7 @@ def test_bad_settings_list_the_valid_ones():
     with pytest.raises(ValueError, match='random, mimetic, impulse, copy, mlpcopy, fullcopy'):
         resolve_setting('fullcpy')
     with pytest.raises(ValueError, match='attention, mlp, norms, patch_embed, pos_embed, '
-                                         'cls_token, head'):
+                                         'cls_token, registers, head'):
         resolve_setting(components=['mlp', 'ffn'])
     with pytest.raises(ValueError, match='not both'):
         resolve_setting('copy', ['mlp'])

@@ -1,12 +1,16 @@
-"""Convert a Softmax ViT checkpoint (DeiT, timm, DINO, MoCo v3, iBOT, MAE, mmpretrain) to
-mmpretrain names, for inspection or for ``init_cfg=dict(type='Pretrained', ...)``.
+"""Convert a Softmax ViT checkpoint (DeiT, timm, DINO, MoCo v3, iBOT, MAE, DeiT III, DINOv2,
+DINOv3, CLIP, EVA-02, mmpretrain) to mmpretrain names, for inspection or for
+``init_cfg=dict(type='Pretrained', ...)``.
 
     python tools/model_converters/softmax_vit_to_mmpretrain.py SRC DST [--show] [--num-heads N]
+        [--family NAME]
 
 The source is read without running anything it pickles (see ``load_softmax_checkpoint``);
 the output is ``{'state_dict': {'backbone.*', 'head.*'}, 'meta': {...}}`` and loads the same
 way. ``--num-heads`` states the head count of a checkpoint that does not record it; it is
-checked and written to ``meta['num_heads']``, where the transfer reads it.
+checked and written to ``meta['num_heads']``, where the transfer reads it. ``--family``
+states the source family of a checkpoint whose tensors do not tell it (checked against them;
+an unknown name is refused with the list of known ones).
 """
 import argparse
 import os
@@ -28,6 +32,9 @@ def parse_args(argv=None):
     parser.add_argument('--num-heads', type=int, default=None,
                         help="the checkpoint's number of attention heads, when it does not "
                              'record it (checked against its width and metadata)')
+    parser.add_argument('--family', default=None,
+                        help='the source family (vit, deit3, dinov2, dinov3, clip, eva02), when '
+                             'the tensors do not tell it (checked against them)')
     return parser.parse_args(argv)
 
 
@@ -45,7 +52,7 @@ def main(argv=None):
               f'replace the checkpoint being converted. Give another DST.', file=sys.stderr)
         return 1
     try:
-        ckpt = load_softmax_checkpoint(args.src, num_heads=args.num_heads)
+        ckpt = load_softmax_checkpoint(args.src, num_heads=args.num_heads, family=args.family)
     except (FileNotFoundError, ValueError) as err:
         print(f'error: {err}', file=sys.stderr)
         return 1
@@ -59,6 +66,9 @@ def main(argv=None):
         patch_size=ckpt.patch_size,
         pos_grid=ckpt.pos_grid,
         num_extra_tokens=ckpt.num_extra_tokens,
+        family=ckpt.family,
+        num_register_tokens=ckpt.num_register_tokens,
+        rope=ckpt.rope,
         unused_keys=list(ckpt.unused_keys),
         notes=list(ckpt.notes))
     if ckpt.num_heads is not None:

@@ -1,0 +1,101 @@
+"""The original releases of DINOv2, DINOv3, EVA-02, DeiT III and CLIP read to the same tensors
+as timm's state dict of the same weights; what they carry beyond them is reported; timm's EVA
+attention and SwiGLU layers fold into a plain ViT's names."""
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from linvit_mm.transfer import load_softmax_checkpoint
+from linvit_mm.transfer.key_maps import TIMM_KEYS, TIMM_SWIGLU_KEYS, timm_key_map
+from linvit_mm.transfer.releases import (FIXED_ROPE_GROUP, PRETRAINING_GROUP, find_release,
+                                         merge_timm_variants)
+
+# word -> (source_format of its release, unused groups it must report)
+RELEASES = {
+    'dinov2-small': ('dinov2', {PRETRAINING_GROUP}),
+    'dinov2-reg-small': ('dinov2', {PRETRAINING_GROUP}),
+    'dinov3-small': ('dinov3', {PRETRAINING_GROUP, FIXED_ROPE_GROUP}),
+    'eva02-tiny': ('eva02', {PRETRAINING_GROUP, FIXED_ROPE_GROUP}),
+    'eva02-base': ('eva02', {PRETRAINING_GROUP, FIXED_ROPE_GROUP}),
+    'deit3-small': ('deit-official', set()),
+    'clip-base': ('clip', {'CLIP text tower',
+                           'CLIP image projection (image-text embedding, not a classifier)'}),
+}
+
+
+def patch(word):
+    return 14 if word.startswith(('dinov2', 'eva02')) else 16
+
+
+@pytest.mark.parametrize('word', RELEASES)
+def test_a_release_reads_like_the_timm_state_dict(word, timm_source, release):
+    timm_state = timm_source(word, img_size=4 * patch(word)).state_dict()
+    from_timm = load_softmax_checkpoint(timm_state)
+    from_release = load_softmax_checkpoint(release(word, timm_state))
+    layout, groups = RELEASES[word]
+    assert from_release.source_format == layout
+    assert sorted(from_release.state_dict) == sorted(from_timm.state_dict)
+    for name, tensor in from_timm.state_dict.items():
+        # DINOv2-reg's class token comes back as (cls - slot) + slot: equal to rounding
+        torch.testing.assert_close(from_release.state_dict[name], tensor, rtol=1e-15,
+                                   atol=1e-15, msg=name)
+    assert groups <= set(from_release.unused_groups)
+    assert (from_release.embed_dims, from_release.depth, from_release.pos_grid) == (
+        from_timm.embed_dims, from_timm.depth, from_timm.pos_grid)
+
+
+def test_clip_release_under_a_data_parallel_prefix(timm_source, release):
+    state = release('clip-base', timm_source('clip-base', img_size=64).state_dict())
+    wrapped = OrderedDict(('module.' + key, value) for key, value in state.items())
+    ckpt = load_softmax_checkpoint({'state_dict': wrapped})
+    assert ckpt.source_format == 'clip' and ckpt.pre_norm
+    # the text tower's blocks share the image tower's names: none is read
+    assert ckpt.depth == 2 and 'transformer.resblocks.0.attn.in_proj_weight' in \
+        ckpt.unused_groups['CLIP text tower']
+
+
+def test_dinov3_bias_is_masked_and_an_all_zero_one_dropped(timm_source, release):
+    state = release('dinov3-small', timm_source('dinov3-small', img_size=64).state_dict())
+    ckpt = load_softmax_checkpoint(state)
+    assert not ckpt.qkv_bias
+    assert any('all-zero qkv bias' in note for note in ckpt.notes)
+    # DINOv3 ..._qkvb: a real bias, whose key rows the mask zeroes
+    for key in [k for k in state if k.endswith('.attn.qkv.bias')]:
+        state[key] = torch.arange(1., 1 + 3 * 64, dtype=torch.float64)
+    ckpt = load_softmax_checkpoint(state)
+    bias = ckpt.state_dict['backbone.layers.0.attn.qkv.bias']
+    assert ckpt.qkv_bias and torch.equal(bias[64:128], torch.zeros(64, dtype=torch.float64))
+    assert torch.equal(bias[:64], torch.arange(1., 65, dtype=torch.float64))
+
+
+def test_eva_attention_and_swiglu_fold_into_plain_names():
+    q_bias, v_bias = torch.randn(8), torch.randn(8)
+    weights = {part: torch.randn(8, 8) for part in 'qkv'}
+    gate, value = torch.randn(6, 8), torch.randn(6, 8)
+    state, notes = merge_timm_variants(OrderedDict([
+        ('blocks.0.attn.q_bias', q_bias), ('blocks.0.attn.v_bias', v_bias),
+        ('blocks.1.attn.q_proj.weight', weights['q']),
+        ('blocks.1.attn.k_proj.weight', weights['k']),
+        ('blocks.1.attn.v_proj.weight', weights['v']), ('blocks.1.attn.q_proj.bias', q_bias),
+        ('blocks.1.attn.v_proj.bias', v_bias),
+        ('blocks.0.mlp.fc1_g.weight', gate), ('blocks.0.mlp.fc1_x.weight', value),
+        ('blocks.0.mlp.fc2.weight', torch.randn(8, 6))]))
+    expected_bias = torch.cat([q_bias, torch.zeros(8), v_bias])
+    assert torch.equal(state['blocks.0.attn.qkv.bias'], expected_bias)
+    assert torch.equal(state['blocks.1.attn.qkv.bias'], expected_bias)
+    assert torch.equal(state['blocks.1.attn.qkv.weight'],
+                       torch.cat([weights['q'], weights['k'], weights['v']]))
+    assert torch.equal(state['blocks.0.mlp.fc1.weight'], torch.cat([gate, value]))
+    assert not any(key.endswith(('q_bias', 'v_bias', '_proj.weight', 'fc1_g.weight'))
+                   for key in state)
+    assert len(notes) == 2
+    assert timm_key_map(state) is TIMM_SWIGLU_KEYS
+    plain = {'blocks.0.mlp.fc1.weight': torch.randn(12, 8),
+             'blocks.0.mlp.fc2.weight': torch.randn(8, 12)}
+    assert timm_key_map(plain) is TIMM_KEYS
+
+
+def test_timm_state_dicts_are_no_release(timm_source):
+    for word in ('dinov2-reg-small', 'dinov3-small', 'eva02-tiny', 'clip-base'):
+        assert find_release(timm_source(word, img_size=4 * patch(word)).state_dict()) is None
