@@ -44,20 +44,21 @@ def softmax_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def classification_checkpoints(tmp_path_factory):
-    """Per operator, a tiny classification-stage checkpoint (``backbone.`` prefix)."""
+    """Per operator (or hybrid), a tiny classification-stage checkpoint (``backbone.``
+    prefix)."""
     from linvit_mm.models import LinearViT
     root = tmp_path_factory.mktemp('cls_stage')
     paths = {}
 
-    def get(attn_type, patch_size):
-        key = attn_type, patch_size
+    def get(attn_type, patch_size, with_cls_token=None):
+        key = repr(attn_type), patch_size, with_cls_token  # a hybrid's attn_type is a dict
         if key not in paths:
             vit = LinearViT(arch=DENSE_ARCH, attn_type=attn_type, img_size=224,
-                            patch_size=patch_size)
+                            patch_size=patch_size, with_cls_token=with_cls_token)
             vit.init_weights()
             state = {f'backbone.{k}': v for k, v in vit.state_dict().items()}
             state['head.layers.head.weight'] = torch.zeros(1000, 32)
-            paths[key] = str(root / f'{attn_type}_patch{patch_size}.pth')
+            paths[key] = str(root / f'checkpoint_{len(paths)}.pth')
             torch.save({'state_dict': state, 'meta': {}}, paths[key])
         return paths[key]
 
@@ -275,7 +276,8 @@ def build_and_run(cfg, softmax_checkpoint, classification_checkpoints, staged_ch
         else:
             vit = cfg.model.backbone.vit
             # the demo's mini ViT uses 8-pixel patches; the checkpoint must match the model
-            checkpoint = classification_checkpoints(vit.attn_type, vit.get('patch_size', 16))
+            checkpoint = classification_checkpoints(vit.attn_type, vit.get('patch_size', 16),
+                                                    vit.get('with_cls_token'))
             model = (run_detection if scope == 'mmdet' else run_segmentation)(cfg, checkpoint)
         build_optim_wrapper(model, cfg.optim_wrapper)
         return model
@@ -300,6 +302,8 @@ OVERRIDES = {
                            'model.backbone.init_cfg.checkpoint=PATH '
                            'custom_hooks.0.teacher.init_cfg.checkpoint=PATH '
                            'model.head.init_cfg.1.checkpoint=PATH'),
+    'hybrid': (f'{IMAGENET}/linvit-relu-hybrid-tiny_fullcopy-distill_32xb128_in1k.py',
+               'model.backbone.attn_type.default=elu model.backbone.attn_type.softmax=[-1]'),
 }
 
 
@@ -341,6 +345,8 @@ def test_override_pattern_builds_and_runs(pattern, softmax_checkpoint,
         assert {layer.attn.attn_type for layer in model.backbone.layers} == {'inline'}
     elif pattern == 'dense operator':
         assert {layer.attn.attn_type for layer in model.backbone.vit.layers} == {'mhla'}
+    elif pattern == 'hybrid':  # on the two blocks the test builds
+        assert model.backbone.attn_types == ['elu', 'softmax']
     else:
         deit = torch.load(softmax_checkpoint, weights_only=True)['model']
         torch.testing.assert_close(model.head.layers.head.weight, deit['head.weight'])
@@ -354,7 +360,14 @@ WRITTEN = ['linvit-softmax-base_random-distill_32xb128_in1k',  # Softmax with a 
            'linvit-ttt-tiny_fullcopy-distill_8xb64_cifar10',
            'linvit-mhla-base_32xb128_in1k-sketch',
            'mask-rcnn_linvit-adapter-inline-tiny_fpn_1x_coco',
-           'upernet_linvit-adapter-elu-base_8xb2-160k_ade20k-512x512']
+           'upernet_linvit-adapter-elu-base_8xb2-160k_ade20k-512x512',
+           # hedgehog and the hybrid on COCO and ADE20K (their ImageNet stages are kept)
+           'mask-rcnn_linvit-adapter-hedgehog-small_fpn_1x_coco',
+           'upernet_linvit-adapter-hedgehog-tiny_8xb2-160k_ade20k-512x512',
+           'mask-rcnn_linvit-adapter-relu-hybrid-tiny_fpn_1x_coco',
+           'upernet_linvit-adapter-relu-hybrid-base_8xb2-160k_ade20k-512x512',
+           # a hybrid whose operator has no class token (pooled, Softmax on the patches)
+           'upernet_linvit-adapter-ttt-hybrid-small_8xb2-160k_ade20k-512x512']
 
 
 @pytest.fixture(scope='module')
@@ -375,4 +388,7 @@ def test_config_written_by_make_config_builds_and_runs(name, written_configs,
                                                        softmax_checkpoint,
                                                        classification_checkpoints):
     cfg = Config.fromfile(str(written_configs / f'{name}.py'))
-    build_and_run(cfg, softmax_checkpoint, classification_checkpoints)
+    model = build_and_run(cfg, softmax_checkpoint, classification_checkpoints)
+    if '-hybrid-' in name:  # Softmax in the first and last of the blocks the test builds
+        op = name.split('-adapter-')[1].split('-')[0]
+        assert model.backbone.vit.attn_types == ['softmax', op, op, 'softmax']

@@ -108,3 +108,26 @@ def test_cli_keeps_a_config_that_exists_with_other_contents(tmp_path):
     assert mine.read_text() == '# my own\n'
     assert subprocess.run(cmd + ['--force'], capture_output=True, timeout=300).returncode == 0
     assert "setting='copy'" in mine.read_text()
+
+
+def test_a_hybrid_name_keeps_softmax_in_the_first_and_last_blocks(make_config, tmp_path):
+    path, text = make_config.render('linvit-relu-hybrid-small_fullcopy-distill_32xb128_in1k',
+                                    tmp_path)
+    path.write_text(text)
+    backbone = Config.fromfile(str(path)).model.backbone
+    # _delete_ replaced the base's attn_type name (a dict cannot be merged into it)
+    assert backbone.attn_type == dict(default='relu', softmax=[0, -1])
+    assert 'with_cls_token' not in backbone and backbone.init_cfg.setting == 'fullcopy'
+    dense = make_config.render('mask-rcnn_linvit-adapter-relu-hybrid-base_fpn_1x_coco')[1]
+    assert 'work_dirs/linvit-relu-hybrid-base_fullcopy-distill_32xb128_in1k/epoch_300.pth' \
+        in dense
+    assert "vit=dict(attn_type=dict(_delete_=True, default='relu', softmax=[0, -1]))" in dense
+    # an operator without class token keeps its pooling; the Softmax blocks see the patches
+    ttt = make_config.render('upernet_linvit-adapter-ttt-hybrid-tiny_8xb2-160k_ade20k-512x512')
+    assert 'with_cls_token=False' in ttt[1]
+
+
+def test_a_softmax_hybrid_is_refused(make_config):
+    with pytest.raises(ValueError, match='softmax-hybrid: a hybrid keeps Softmax in blocks '
+                                         r'\[0, -1\] of a model of another operator'):
+        make_config.render('linvit-softmax-hybrid-small_fullcopy_32xb128_in1k')

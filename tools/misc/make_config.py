@@ -20,7 +20,9 @@ or any process that imported ``linvit_mm``, read those). The names, by folder:
 * detection: ``mask-rcnn_linvit-adapter-{op}-{size}_fpn_1x_coco``
 * segmentation: ``upernet_linvit-adapter-{op}-{size}_8xb2-160k_ade20k-512x512``
 
-``op`` is any registered attention operator; ``setting`` any setting of
+``op`` is any registered attention operator, or ``{op}-hybrid``: that operator with Softmax
+attention in the first and last blocks (``attn_type=dict(default=op, softmax=[0, -1])``:
+blocks 0 and 11 of the 12 of every size; ``HYBRID_SOFTMAX_BLOCKS``); ``setting`` any setting of
 ``linvit_mm.transfer`` (Mimetic and Impulse only for operators with a QK^T form); ``size``,
 ``set`` and ``test set`` whatever has a base in ``configs/``. A detector or segmenter starts
 from the ImageNet stage of its operator and size, ``fullcopy-distill`` (``fullcopy`` for
@@ -47,7 +49,12 @@ DETECTION_BASE = 'detection/_base_/mask-rcnn_linvit-adapter-{}_fpn_1x_coco.py'
 SEGMENTATION_BASE = 'segmentation/_base_/upernet_linvit-adapter-{}_8xb2-160k_ade20k-512x512.py'
 # The epoch tools/train.py's last ImageNet checkpoint is named after (the recipe's 300).
 IMAGENET_EPOCHS = 300
-_OP = r'(?P<op>[a-z0-9_]+)'
+_OP = r'(?P<op>[a-z0-9_]+)(?P<hybrid>-hybrid)?'
+# The blocks a "-hybrid" config keeps Softmax: the first and the last. Where it matters is
+# for tools/analysis_tools/select_hybrid_blocks.py to say per model and data set; the ends
+# are the usual choice (the first block's attention mixes raw patch embeddings, the last
+# one's feeds the head) and the one that holds for any depth.
+HYBRID_SOFTMAX_BLOCKS = (0, -1)
 _SIZE = r'(?P<size>[a-z0-9]+)'
 _SETTING = r'(?P<setting>[a-z0-9]+)(?P<distill>-distill)?'
 
@@ -86,14 +93,37 @@ def transfer(p):
                        head='num_classes={{_base_.num_classes}}')
 
 
+def attn_args(p):
+    """The backbone's ``attn_type`` argument (and ``with_cls_token`` where a hybrid needs
+    it): the operator's name, or the dict of a ``-hybrid``."""
+    if not p.get('hybrid'):
+        return [f"attn_type='{p['op']}'"]
+    # _delete_: the base's attn_type is a name, which a dict cannot be merged into
+    args = [f"attn_type=dict(_delete_=True, default='{p['op']}', "
+            f"softmax={list(HYBRID_SOFTMAX_BLOCKS)})"]
+    from linvit_mm.models.attention import attention_class
+    if not attention_class(p['op']).uses_cls_token:
+        # the hybrid keeps its operator's pooling; its Softmax blocks see the patch tokens
+        args.append('with_cls_token=False')
+    return args
+
+
+def _dict(args, indent):
+    """``dict(a, b)`` on one line, or with one argument a line (a hybrid's are long)."""
+    if len(', '.join(args)) <= 70:
+        return f'dict({", ".join(args)})'
+    inner = ' ' * (indent + 4)
+    return 'dict(\n' + ',\n'.join(inner + arg for arg in args) + ')'
+
+
 def _classifier(bases, p, head=None):
-    backbone = f"attn_type='{p['op']}', init_cfg=dict(setting='{p['setting']}')"
+    args = attn_args(p) + [f"init_cfg=dict(setting='{p['setting']}')"]
     if head is None and p['setting'] == 'fullcopy':
         head = 'init_cfg={{_base_.fullcopy_head_init}}'  # ImageNet: the DeiT head fits
     if head is None:
-        lines = [f'model = dict(backbone=dict({backbone}))']
+        lines = [f'model = dict(backbone={_dict(args, 0)})']
     else:
-        lines = ['model = dict(', f'    backbone=dict({backbone}),', f'    head=dict({head}))']
+        lines = ['model = dict(', f'    backbone={_dict(args, 4)},', f'    head=dict({head}))']
     if p['distill']:
         lines.append('custom_hooks = [{{_base_.distill_hook}}]')
     return bases, lines
@@ -102,7 +132,7 @@ def _classifier(bases, p, head=None):
 def robustness(p):
     testset = p['testset']
     return [SIZE_BASE.format(p['size']), IMAGENET_BASE, ROBUSTNESS_BASE], [
-        f"model = dict(backbone=dict(attn_type='{p['op']}'))",
+        f'model = dict(backbone={_dict(attn_args(p), 0)})',
         f'test_dataloader = dict(dataset={{{{_base_.imagenet_{testset}_dataset}}}})',
         f'test_evaluator = {{{{_base_.imagenet_{testset}_evaluator}}}}',
     ]
@@ -111,16 +141,23 @@ def robustness(p):
 def dense(base):
 
     def render(p):
-        stage = imagenet_stage(p['op'], p['size'])
+        stage = imagenet_stage(p['op'], p['size'], p['hybrid'])
         return [base.format(p['size'])], [
             '# The ImageNet-stage checkpoint: what tools/train.py writes for',
             f'#   configs/classification/imagenet/{stage}.py',
             f"linvit_checkpoint = 'work_dirs/{stage}/epoch_{IMAGENET_EPOCHS}.pth'",
-            f"model = dict(backbone=dict(vit=dict(attn_type='{p['op']}'), "
-            'pretrained=linvit_checkpoint))',
+            *_dense_model(p),
         ]
 
     return render
+
+
+def _dense_model(p):
+    args = attn_args(p)
+    if len(args) == 1 and not p.get('hybrid'):
+        return [f'model = dict(backbone=dict(vit=dict({args[0]}), pretrained=linvit_checkpoint))']
+    return ['model = dict(', '    backbone=dict(', f'        vit={_dict(args, 8)},',
+            '        pretrained=linvit_checkpoint))']
 
 
 def robustness_sets():
@@ -145,10 +182,11 @@ FAMILIES = (
 )
 
 
-def imagenet_stage(op, size):
-    """The ImageNet config whose checkpoint a detector or segmenter of ``op`` starts from."""
+def imagenet_stage(op, size, hybrid=None):
+    """The ImageNet config whose checkpoint a detector or segmenter of ``op`` (``hybrid``:
+    ``'-hybrid'`` or None) starts from."""
     setting = 'fullcopy' if op == 'softmax' else 'fullcopy-distill'
-    return f'linvit-{op}-{size}_{setting}_32xb128_in1k'
+    return f'linvit-{op}{hybrid or ""}-{size}_{setting}_32xb128_in1k'
 
 
 def parse(name):
@@ -170,6 +208,10 @@ def check_fields(family, fields):
     if op not in attention_types():
         raise ValueError(f'unknown attention operator {op!r}; registered operators: '
                          f'{", ".join(attention_types())}')
+    if fields.get('hybrid') and op == 'softmax':
+        raise ValueError('softmax-hybrid: a hybrid keeps Softmax in blocks '
+                         f'{list(HYBRID_SOFTMAX_BLOCKS)} of a model of another operator; name '
+                         'that operator (e.g. linvit-relu-hybrid-...)')
     for field in family.fields_with_choices:
         valid = family.choices(field)
         if fields[field] not in valid:
