@@ -97,7 +97,8 @@ def count_macs(model, size):
 
     ``size`` is the side of a square image or its ``(height, width)`` in px. Returns a dict
     with ``patch_embed``, ``linear``, ``conv``, ``attention_core``, ``blocks`` (the last
-    three summed) and ``total``; the conventions are in the module docstring.
+    three summed) and ``total``; the conventions are in the module docstring. Each block is
+    counted with its own operator, so a hybrid's count is the sum of its blocks'.
     """
     hw_shape = patch_grid(model, size)
     num_patches = hw_shape[0] * hw_shape[1]
