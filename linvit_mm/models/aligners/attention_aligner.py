@@ -5,6 +5,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 from mmpretrain.registry import MODELS
+from torch.utils.checkpoint import checkpoint
 
 from .base_aligner import BaseAligner
 
@@ -52,17 +53,24 @@ class AttentionAligner(BaseAligner):
             all by default. Empty or out-of-range lists are refused.
         loss_weight (float): lambda, a finite number > 0. Defaults to 1 (with AdamW the scale
             hardly matters; it only rescales the logged loss).
+        with_cp (bool): recompute each student block's attention in the backward instead of
+            keeping its activations (``torch.utils.checkpoint``): the step then keeps, per
+            block, little more than the two outputs compared, for one more attention forward.
+            The results are the same. Defaults to True.
         patch_tokens_only, data_preprocessor, init_cfg: see :class:`BaseAligner`.
     """
 
-    def __init__(self, backbone, teacher, layers=None, loss_weight=1.0, patch_tokens_only=None,
-                 data_preprocessor=None, init_cfg=None):
+    def __init__(self, backbone, teacher, layers=None, loss_weight=1.0, with_cp=True,
+                 patch_tokens_only=None, data_preprocessor=None, init_cfg=None):
         if isinstance(backbone, dict) and backbone.get('init_cfg') is not None:
             raise ValueError(
                 f'AttentionAligner initialises the student from the teacher (fullcopy), so the '
                 f"student config takes no init_cfg; got {backbone['init_cfg']!r}. To continue "
                 f'from an earlier alignment run, use load_from / --resume')
         self.loss_weight = self._check_loss_weight(loss_weight)
+        if not isinstance(with_cp, bool):
+            raise TypeError(f'with_cp must be True or False, got {with_cp!r}')
+        self.with_cp = with_cp
         super().__init__(backbone, teacher, patch_tokens_only=patch_tokens_only,
                          data_preprocessor=data_preprocessor, init_cfg=init_cfg)
         self.layer_ids = self._resolve_layers(layers, len(self.backbone.layers))
@@ -115,43 +123,49 @@ class AttentionAligner(BaseAligner):
         return dict(stage='align-attn', trained_layers=list(self.layer_ids))
 
     # ------------------------------------------------------------------ forward
-    @torch.no_grad()
-    def _teacher_blocks(self, images):
-        """The teacher's input to each selected block and its attention output there."""
-        teacher = self.teacher
-        x, hw_shape = teacher.embed(images)
-        wanted = set(self.layer_ids)
-        inputs, outputs = {}, {}
-
-        def recorder(index):
-            def record(module, args, output):
-                outputs[index] = output
-            return record
-
-        handles = [teacher.layers[index].attn.register_forward_hook(recorder(index))
-                   for index in self.layer_ids]
-        try:
-            for index, layer in enumerate(teacher.layers[:max(self.layer_ids) + 1]):
-                if index in wanted:
-                    inputs[index] = x
-                x = layer(x, hw_shape)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return inputs, outputs, hw_shape
+    def _student_attention(self, index, x, hw_shape):
+        """Student block ``index`` on the teacher's input ``x`` to that block: its position
+        encoding, its (frozen) ``ln1``, its attention."""
+        if self.patch_input:
+            x = x[:, self.teacher_extra:]
+        block = self.backbone.layers[index]
+        return block.attn(block.ln1(block.attn.encode_position(x, hw_shape)), hw_shape)
 
     def block_pairs(self, images):
         """``[(student output, teacher output), ...]`` per selected block, restricted to the
-        tokens both compare."""
-        inputs, outputs, hw_shape = self._teacher_blocks(images)
+        tokens both compare.
+
+        Teacher and student alternate block by block, so a teacher block input is dropped once
+        the student block has used it; the teacher stops after the last selected block.
+        """
+        teacher = self.teacher
+        with torch.no_grad():
+            x, hw_shape = teacher.embed(images)
+        wanted = set(self.layer_ids)
+        recorded = {}
+
+        def record(module, args, output):
+            recorded['output'] = output
+
+        handles = [teacher.layers[index].attn.register_forward_hook(record)
+                   for index in self.layer_ids]
         pairs = []
-        for index in self.layer_ids:
-            x = inputs[index].detach()
-            if self.patch_input:
-                x = x[:, self.teacher_extra:]
-            block = self.backbone.layers[index]
-            x = block.attn.encode_position(x, hw_shape)
-            pairs.append(self.comparable(block.attn(block.ln1(x), hw_shape), outputs[index]))
+        try:
+            for index, layer in enumerate(teacher.layers[:max(self.layer_ids) + 1]):
+                with torch.no_grad():
+                    next_x = layer(x, hw_shape)
+                if index in wanted:
+                    args = (index, x.detach(), hw_shape)
+                    if self.with_cp and torch.is_grad_enabled():
+                        student = checkpoint(self._student_attention, *args,
+                                             use_reentrant=False)
+                    else:
+                        student = self._student_attention(*args)
+                    pairs.append(self.comparable(student, recorded.pop('output')))
+                x = next_x
+        finally:
+            for handle in handles:
+                handle.remove()
         return pairs
 
     def loss(self, inputs):

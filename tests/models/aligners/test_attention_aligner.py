@@ -208,6 +208,26 @@ def test_align_loss_is_weighted_sum_of_block_mses(teacher_path):
     assert [s.shape for s in model(x, mode='tensor')] == [(2, 17, 32)] * 2
 
 
+@pytest.mark.parametrize('attn_type', ['relu', 'ttt'])
+def test_align_recomputed_attention_gives_the_same_loss_and_gradients(attn_type,
+                                                                      teacher_path):
+    x = images()
+    results = []
+    for with_cp in (True, False):
+        torch.manual_seed(0)  # the operator's own tensors (ttt's) start equal
+        model = build(teacher_path, attn_type, with_cp=with_cp)
+        loss = model(x, mode='loss')['loss_align']
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()
+                                         if p.grad is not None}))
+    (loss_cp, grads_cp), (loss_plain, grads_plain) = results
+    assert torch.equal(loss_cp, loss_plain)
+    assert grads_cp.keys() == grads_plain.keys() and grads_cp
+    for name in grads_cp:
+        torch.testing.assert_close(grads_cp[name], grads_plain[name], rtol=0, atol=0,
+                                   msg=name)
+
+
 def test_align_patch_tokens_compared_without_class_token(teacher_path):
     pairs = build(teacher_path, 'ttt').block_pairs(images())
     assert all(s.shape == t.shape == (2, 16, 32) for s, t in pairs)
@@ -268,6 +288,8 @@ def test_align_refuses_student_init_cfg_frozen_stages_and_bad_loss_weight(teache
     student = tiny_vit_cfg('relu', init_cfg=dict(type='Pretrained', checkpoint='x.pth'))
     with pytest.raises(ValueError, match='takes no init_cfg'):
         build(teacher_path, student=student)
+    with pytest.raises(TypeError, match='with_cp must be True or False'):
+        build(teacher_path, with_cp=1)
     with pytest.raises(ValueError, match='frozen_stages=1'):
         build(teacher_path, student=tiny_vit_cfg('relu', frozen_stages=1))
     for weight in (0, -1.0, float('nan'), True):
