@@ -139,6 +139,9 @@ class LinearViTCheckpointInit:
         if not isinstance(checkpoint, str) or not checkpoint:
             raise TypeError(f'LinearViTCheckpoint: checkpoint must be a file path, got '
                             f'{checkpoint!r}')
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str ('backbone.', or '' for a bare LinearViT "
+                            f'state dict), got {prefix!r}')
         if not isinstance(require_record, bool):
             raise TypeError(f'require_record must be True or False, got {require_record!r}')
         self.checkpoint = checkpoint

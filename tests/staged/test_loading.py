@@ -6,8 +6,7 @@ import torch
 from mmpretrain.registry import MODELS
 
 import linvit_mm.models  # noqa: F401
-import linvit_mm.staged  # noqa: F401  (registers LinearViTCheckpoint)
-from linvit_mm.staged import load_linear_vit_checkpoint
+from linvit_mm.staged import LinearViTCheckpointInit, load_linear_vit_checkpoint
 from linvit_mm.testing.staged import TINY_ARCH, tiny_vit_cfg, write_recorded_checkpoint
 
 
@@ -91,6 +90,10 @@ def test_staged_loader_prefix_and_type_errors(tmp_path):
         load_linear_vit_checkpoint(torch.nn.Linear(2, 2), str(path))
     with pytest.raises(FileNotFoundError):
         load_linear_vit_checkpoint(model, str(tmp_path / 'missing.pth'))
+    for bad in (dict(checkpoint=None), dict(checkpoint=str(path), prefix=None),
+                dict(checkpoint=str(path), require_record='no')):
+        with pytest.raises(TypeError):
+            LinearViTCheckpointInit(**bad)
 
 
 def test_staged_loader_resizes_learned_pos_embed_of_another_grid(tmp_path):
