@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from mmpretrain.registry import MODELS
 from torch.utils.checkpoint import checkpoint
 
+from ..attention import attention_class
 from .base_aligner import BaseAligner
 
 
@@ -49,8 +50,10 @@ class AttentionAligner(BaseAligner):
             ``init_cfg``.
         teacher (dict): the Softmax teacher LinearViT config, with an ``init_cfg`` that loads
             its weights.
-        layers (Sequence[int], optional): blocks to train (negative ones count from the end);
-            all by default. Empty or out-of-range lists are refused.
+        layers (Sequence[int], optional): blocks to train (negative ones count from the end).
+            By default every block whose operator is not Softmax: the Softmax blocks of a
+            hybrid student are the teacher's own, copied, with nothing to align (list them to
+            train them anyway). Empty or out-of-range lists are refused.
         loss_weight (float): lambda, a finite number > 0. Defaults to 1 (with AdamW the scale
             hardly matters; it only rescales the logged loss).
         with_cp (bool): recompute each student block's attention in the backward instead of
@@ -73,7 +76,7 @@ class AttentionAligner(BaseAligner):
         self.with_cp = with_cp
         super().__init__(backbone, teacher, patch_tokens_only=patch_tokens_only,
                          data_preprocessor=data_preprocessor, init_cfg=init_cfg)
-        self.layer_ids = self._resolve_layers(layers, len(self.backbone.layers))
+        self.layer_ids = self._resolve_layers(layers, self._linear_blocks())
         if getattr(self.backbone, 'frozen_stages', -1) > 0:
             raise ValueError(f'the student sets frozen_stages={self.backbone.frozen_stages}, '
                              f'which would freeze the attention of its first blocks again at '
@@ -90,10 +93,19 @@ class AttentionAligner(BaseAligner):
             raise ValueError(f'loss_weight must be a finite number > 0, got {loss_weight!r}')
         return float(loss_weight)
 
-    @staticmethod
-    def _resolve_layers(layers, num_blocks):
+    def _linear_blocks(self):
+        """The student's blocks whose operator is not the teacher's (Softmax)."""
+        softmax = attention_class('softmax')
+        return [index for index, layer in enumerate(self.backbone.layers)
+                if not isinstance(layer.attn, softmax)]
+
+    def _resolve_layers(self, layers, linear_blocks):
+        num_blocks = len(self.backbone.layers)
         if layers is None:
-            return list(range(num_blocks))
+            if not linear_blocks:
+                raise ValueError('the student has no linear-attention block to align (all its '
+                                 'blocks are Softmax, the teacher\'s operator)')
+            return linear_blocks
         if isinstance(layers, (str, bytes)) or not hasattr(layers, '__iter__'):
             raise TypeError(f'layers must be a list of block indices, got {layers!r}')
         layers = list(layers)

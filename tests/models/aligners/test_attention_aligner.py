@@ -253,6 +253,16 @@ def test_align_teacher_moves_with_model_and_stays_in_eval(teacher_path):
         model(images().double(), mode='predict')
 
 
+def test_align_hybrid_student_aligns_its_linear_blocks(teacher_path):
+    hybrid = tiny_vit_cfg(dict(default='relu', softmax=[0]))
+    model = build(teacher_path, student=hybrid)
+    assert model.layer_ids == [1, 2]
+    assert not any(p.requires_grad for p in model.backbone.layers[0].parameters())
+    assert build(teacher_path, student=hybrid, layers=[0, 2]).layer_ids == [0, 2]
+    with pytest.raises(ValueError, match='no linear-attention block to align'):
+        build(teacher_path, student=tiny_vit_cfg('softmax'))
+
+
 # ---------------------------------------------------------------------- refused set-ups
 @pytest.mark.parametrize('layers, error, match', [
     ([], ValueError, r'layers=\[\] selects no block'),
