@@ -51,6 +51,13 @@ def _job(name, checkpoint):
                 prefix, described)
 
 
+def _softmax_blocks(described):
+    from linvit_mm.models.attention import attention_class
+    softmax = attention_class('softmax')
+    return {index for index, name in enumerate(described.get('attn_types') or [])
+            if issubclass(attention_class(name), softmax)}
+
+
 def merge_aligned_blocks(checkpoints):
     """Merge attention-alignment checkpoints of disjoint block sets into one.
 
@@ -60,14 +67,14 @@ def merge_aligned_blocks(checkpoints):
 
     Returns:
         dict: ``{'state_dict': ..., 'meta': {'linvit_mm': record}}``, the record of the first
-        job with ``trained_layers`` every block and ``merged_from`` the names.
+        job with ``trained_layers`` every trained block and ``merged_from`` the names.
 
     Raises:
         ValueError: fewer than two checkpoints; one that is not an attention-alignment
             checkpoint; checkpoints of different ViTs (record, tensor names or shapes); blocks
-            trained by more than one job, or by none; tensors outside the trained attention
-            that differ between jobs (other teachers or initialisations). Every problem is
-            named; nothing is returned.
+            trained by more than one job, or by none (Softmax blocks of a hybrid excepted);
+            tensors outside the trained attention that differ between jobs (other teachers or
+            initialisations). Every problem is named; nothing is returned.
     """
     if len(checkpoints) < 2:
         raise ValueError(f'merging needs at least two checkpoints, got {len(checkpoints)}')
@@ -115,7 +122,10 @@ def merge_aligned_blocks(checkpoints):
     for index, names in sorted(overlapping.items()):
         problems.append(f'block {index} is trained in more than one checkpoint: '
                         f'{", ".join(names)}')
-    missing = [index for index in range(num_layers) if index not in owners]
+    # A hybrid's Softmax blocks are the teacher's own: no job aligns them by default.
+    teachers_own = _softmax_blocks(described)
+    missing = [index for index in range(num_layers)
+               if index not in owners and index not in teachers_own]
     if missing:
         problems.append(f'blocks {block_ranges(missing)} are trained in none of the '
                         f'checkpoints; align them (layers=[...]) and merge again')
@@ -125,8 +135,8 @@ def merge_aligned_blocks(checkpoints):
     merged = {}
     for key, value in first_state.items():
         block = _attention_block(key, prefix)
-        source = first_state if block is None else jobs[owners[block][0]].state
+        source = first_state if block not in owners else jobs[owners[block][0]].state
         merged[key] = source[key]
-    record = dict(first.record, trained_layers=list(range(num_layers)),
+    record = dict(first.record, trained_layers=sorted(owners),
                   merged_from=list(jobs))
     return dict(state_dict=merged, meta={RECORD_KEY: record})

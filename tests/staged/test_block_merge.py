@@ -45,6 +45,15 @@ def test_merge_aligned_blocks_refuses_overlap_and_gaps_naming_blocks(base):
     assert 'blocks 2 are trained in none of the checkpoints' in str(info.value)
 
 
+def test_merge_aligned_blocks_of_a_hybrid_leaves_its_softmax_blocks_out():
+    torch.manual_seed(0)
+    hybrid = MODELS.build(tiny_vit_cfg(dict(default='relu', softmax=[1])))
+    merged = merge_aligned_blocks({'a.pth': job(hybrid, [0]), 'b.pth': job(hybrid, [2])})
+    assert merged['meta'][RECORD_KEY]['trained_layers'] == [0, 2]
+    with pytest.raises(ValueError, match='blocks 2 are trained in none'):
+        merge_aligned_blocks({'a.pth': job(hybrid, [0]), 'b.pth': job(hybrid, [1])})
+
+
 def test_merge_aligned_blocks_refuses_mismatched_jobs(base):
     other = job(base, [1])
     other['state_dict']['backbone.layers.0.ffn.layers.1.bias'] += 1
