@@ -129,11 +129,12 @@ def check_architecture(module, ckpt, selected, prefix, warnings):
     model_tensors = {prefix + name: tensor for name, tensor in module.state_dict().items()}
     if not any(name.startswith('backbone.layers.') for name in model_tensors):
         return
-    model_arch = read_architecture(model_tensors, getattr(module, 'pos_embed_extra_tokens',
+    backbone = _backbone_of(module, prefix)
+    model_arch = read_architecture(model_tensors, getattr(backbone, 'pos_embed_extra_tokens',
                                                           None))
-    rope = getattr(module, 'rope', None)
+    rope = getattr(backbone, 'rope', None)
     model = dict(model_arch._asdict(), rope=getattr(rope, 'rope_type', None),
-                 patch_size=_square(getattr(module, 'patch_size', None)))
+                 patch_size=_square(getattr(backbone, 'patch_size', None)))
     checkpoint = {field: getattr(ckpt, field) for field in _ARCH_FIELDS}
     checkpoint['patch_size'] = _square(ckpt.patch_size)
     differ = []
@@ -167,6 +168,16 @@ def check_architecture(module, ckpt, selected, prefix, warnings):
         f'{type(module).__name__} in what the selected components {list(selected)} compute:\n  '
         + '\n  '.join(differ) + f'\nNothing was copied. {advice}, or copy without the '
         f'components that depend on them.')
+
+
+def _backbone_of(module, prefix):
+    """The module whose tensors are ``backbone.*``: ``module`` itself under ``'backbone.'``,
+    its ``backbone`` under ``''`` (a whole ImageClassifier)."""
+    path = 'backbone.'[len(prefix):] if 'backbone.'.startswith(prefix) else ''
+    try:
+        return module.get_submodule(path.rstrip('.')) if path else module
+    except AttributeError:
+        return module
 
 
 def _square(size):

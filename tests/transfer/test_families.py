@@ -182,3 +182,22 @@ def test_fields_a_setting_does_not_copy_do_not_matter(timm_source):
     report = transfer_softmax_weights(model, source.state_dict(), setting='mlpcopy',
                                       num_heads=4)
     assert report['counts']['mlp']['copied'] > 0
+
+
+def test_a_whole_classifier_is_checked_through_its_backbone(timm_source, refuses):
+    """prefix='': the RoPE and patch size are the backbone's attributes."""
+    from mmpretrain.models import ImageClassifier
+    source = timm_source('dinov3-small', img_size=64)
+    arch = dict(LinearViT.arch_zoo['dinov3-small'], embed_dims=64, num_layers=2, num_heads=4,
+                feedforward_channels=256)
+    classifier = ImageClassifier(
+        backbone=dict(type='LinearViT', arch=arch, img_size=64, out_type='avg_featmap'),
+        head=dict(type='LinearClsHead', num_classes=3, in_channels=64))
+    report = transfer_softmax_weights(classifier, source.state_dict(), components=['attention'],
+                                      prefix='', num_heads=4)
+    assert report['counts']['attention']['copied'] > 0
+    classifier.backbone.rope = None
+    for layer in classifier.backbone.layers:
+        layer.attn.rope = None
+    refuses(classifier, source.state_dict(), components=['attention'], prefix='', num_heads=4,
+            match="rope: checkpoint 'dinov3', model None")
