@@ -19,13 +19,23 @@ only a backward made of forward convolutions.
 
 Token tensors need a channel stride of 1 only, so column slices of a fused qkv projection
 are used in place.
+
+The two kernels are PyTorch operators, ``torch.ops.linvit_mm.depthwise3x3`` and
+``torch.ops.linvit_mm.correlate3x3`` (``torch.library.custom_op``), with a shape function
+for tracing and, for the convolution, a backward: ``torch.export`` and ``torch.compile``
+keep each as one node instead of tracing into the extension, which cannot run on the
+tensors they trace with. Each runs its PyTorch form where the kernels do not apply, and
+``extension.torch_forms()`` maps it to that form for a graph without linvit_mm operators.
 """
+import functools
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from torch.autograd import Function
-from torch.autograd.function import once_differentiable
 
-from .extension import cpu_kernels, use_cpu_kernels
+from .extension import cpu_kernels, register_torch_form, use_cpu_kernels
 
 
 def kernel_taps(weight):
@@ -55,56 +65,133 @@ def correlate3x3_reference(a, g, hw_shape):
     return out.reshape(B, C, 9).transpose(1, 2)
 
 
+# ---- tap-by-tap forms: the operators' decompositions -------------------------------------
+# The F.conv2d forms fold the batch into the group count, which ONNX needs to be a constant:
+# with a symbolic batch they cannot be exported. A sum of nine shifted products is the same
+# function for any batch (it is slower in eager, where the F.conv2d forms stay).
+
+def _shifted(tokens, hw_shape):
+    """The nine ``(B, H, W, C)`` views ``tokens[p + s_t]`` of the zero-padded grid, tap order."""
+    B, _, C = tokens.shape
+    H, W = hw_shape
+    padded = F.pad(tokens.reshape(B, H, W, C), (0, 0, 1, 1, 1, 1))
+    return [padded[:, dy:dy + H, dx:dx + W] for dy in range(3) for dx in range(3)]
+
+
+def depthwise3x3_by_taps(tokens, weight, hw_shape):
+    """:func:`depthwise3x3_reference` as ``sum_t tokens[p + s_t] w[t]``."""
+    B, N, C = tokens.shape
+    out = sum(view * weight[:, t, None, None] for t, view in enumerate(_shifted(tokens,
+                                                                              hw_shape)))
+    return out.reshape(B, N, C)
+
+
+def correlate3x3_by_taps(a, g, hw_shape):
+    """:func:`correlate3x3_reference` as nine products summed over the grid."""
+    B, _, C = a.shape
+    g = g.reshape(B, *hw_shape, C)
+    return torch.stack([(view * g).sum((1, 2)) for view in _shifted(a, hw_shape)], dim=1)
+
+
+def _depthwise3x3_torch(tokens, taps, bias, residual, H, W, flip, by_taps=False):
+    """The PyTorch form of ``linvit_mm::depthwise3x3`` (``by_taps``: the decomposition)."""
+    conv = depthwise3x3_by_taps if by_taps else depthwise3x3_reference
+    out = conv(tokens, taps.flip(1) if flip else taps, (H, W))
+    if residual:
+        out = out + tokens
+    return out if bias is None else out + bias
+
+
+def _correlate3x3_torch(a, g, H, W, by_taps=False):
+    """The PyTorch form of ``linvit_mm::correlate3x3`` (``by_taps``: the decomposition)."""
+    return (correlate3x3_by_taps if by_taps else correlate3x3_reference)(a, g, (H, W))
+
+
+# ---- the kernels as PyTorch operators ---------------------------------------------------
+
+@torch.library.custom_op('linvit_mm::depthwise3x3', mutates_args=())
+def depthwise3x3(tokens: Tensor, taps: Tensor, bias: Optional[Tensor], residual: bool, H: int,
+                 W: int, flip: bool) -> Tensor:
+    """``residual * tokens + conv(tokens) + bias``: the zero-padded depthwise 3x3 conv of
+    ``(B, H*W, C)`` tokens with ``(B or 1, 9, C)`` taps (mirrored if ``flip``), C++ where it
+    applies; a contiguous ``(B, H*W, C)`` result."""
+    if use_cpu_kernels(tokens, taps) and taps.dtype == tokens.dtype and (
+            bias is None or bias.dtype == tokens.dtype):
+        return cpu_kernels().depthwise3x3(tokens, taps, bias, residual, H, W, flip)
+    return _depthwise3x3_torch(tokens, taps, bias, residual, H, W, flip).contiguous()
+
+
+@depthwise3x3.register_fake
+def _depthwise3x3_shape(tokens, taps, bias, residual, H, W, flip):
+    return tokens.new_empty(tokens.shape)
+
+
+def _depthwise3x3_save(ctx, inputs, output):
+    tokens, taps, bias, residual, H, W, flip = inputs
+    ctx.save_for_backward(tokens, taps)
+    ctx.config = residual, H, W, flip
+
+
+def _depthwise3x3_backward(ctx, grad_out):
+    tokens, taps = ctx.saved_tensors
+    residual, H, W, flip = ctx.config
+    grad_out = grad_out.contiguous()
+    grad_tokens = grad_taps = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        # the transposed convolution (mirrored taps), plus the residual's gradient, one pass
+        grad_tokens = depthwise3x3(grad_out, taps, None, residual, H, W, not flip)
+    if ctx.needs_input_grad[1]:
+        grad_taps = correlate3x3(tokens, grad_out, H, W)
+        if flip:
+            grad_taps = grad_taps.flip(1)
+        if taps.shape[0] == 1:
+            # one kernel shared by every image
+            grad_taps = grad_taps.sum(0, keepdim=True)
+    if ctx.needs_input_grad[2]:
+        grad_bias = grad_out.sum((0, 1))
+    return grad_tokens, grad_taps, grad_bias, None, None, None, None
+
+
+depthwise3x3.register_autograd(_depthwise3x3_backward, setup_context=_depthwise3x3_save)
+register_torch_form(torch.ops.linvit_mm.depthwise3x3.default,
+                    functools.partial(_depthwise3x3_torch, by_taps=True))
+
+
+@torch.library.custom_op('linvit_mm::correlate3x3', mutates_args=())
+def correlate3x3(a: Tensor, g: Tensor, H: int, W: int) -> Tensor:
+    """``out[b, t, c] = sum_p a[b, p + s_t, c] g[b, p, c]``, a contiguous ``(B, 9, C)``, C++
+    where it applies; no backward."""
+    if use_cpu_kernels(a, g) and a.dtype == g.dtype:
+        return cpu_kernels().correlate3x3(a, g, H, W)
+    return _correlate3x3_torch(a, g, H, W).contiguous()
+
+
+@correlate3x3.register_fake
+def _correlate3x3_shape(a, g, H, W):
+    return a.new_empty(a.shape[0], 9, a.shape[2])
+
+
+register_torch_form(torch.ops.linvit_mm.correlate3x3.default,
+                    functools.partial(_correlate3x3_torch, by_taps=True))
+
+
 def conv_tokens(tokens, weight, hw_shape, flip=False):
-    """The zero-padded depthwise conv of ``(B, H*W, C)`` tokens with ``(B or 1, 9, C)`` taps,
-    without autograd (C++ where it applies); ``flip`` mirrors the taps, which makes it the
-    transposed convolution."""
-    if use_cpu_kernels(tokens, weight):
-        return cpu_kernels().depthwise3x3(tokens, weight, None, False, *hw_shape, flip)
-    return depthwise3x3_reference(tokens, weight.flip(1) if flip else weight, hw_shape)
+    """The zero-padded depthwise conv of ``(B, H*W, C)`` tokens with ``(B or 1, 9, C)`` taps
+    (C++ where it applies); ``flip`` mirrors the taps, which makes it the transposed
+    convolution."""
+    return depthwise3x3(tokens, weight, None, False, *hw_shape, flip)
 
 
 def correlate_tokens(a, g, hw_shape):
     """``out[b, t, c] = sum_p a[b, p + s_t, c] g[b, p, c]``, ``(B, 9, C)``, without autograd
     (C++ where it applies)."""
-    if use_cpu_kernels(a, g):
-        return cpu_kernels().correlate3x3(a, g, *hw_shape)
-    return correlate3x3_reference(a, g, hw_shape)
-
-
-# ---- with autograd ----------------------------------------------------------------------
-
-class _PositionCode(Function):
-    """``tokens + conv(tokens) + bias`` in one pass of the C++ kernel, and its gradients. The
-    ``(C, 1, 3, 3)`` kernel is laid out as taps here, out of autograd's sight."""
-
-    @staticmethod
-    def forward(ctx, tokens, weight, bias, H, W):
-        taps = kernel_taps(weight)
-        ctx.save_for_backward(tokens, taps)
-        ctx.hw = H, W
-        return cpu_kernels().depthwise3x3(tokens, taps, bias, True, H, W, False)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        tokens, taps = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        grad_tokens = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            # the residual's gradient plus the transposed convolution's, in one pass
-            grad_tokens = cpu_kernels().depthwise3x3(grad_out, taps, None, True, *ctx.hw, True)
-        if ctx.needs_input_grad[1]:
-            grad_weight = correlate_tokens(tokens, grad_out, ctx.hw).sum(0).t()
-            grad_weight = grad_weight.reshape(-1, 1, 3, 3)
-        if ctx.needs_input_grad[2]:
-            grad_bias = grad_out.sum((0, 1))
-        return grad_tokens, grad_weight, grad_bias, None, None
+    return correlate3x3(a, g, *hw_shape)
 
 
 def position_code(tokens, weight, bias, hw_shape):
     """``tokens + dwconv3x3(tokens) + bias`` on a ``(B, H*W, C)`` grid: a conditional position
-    encoding with a depthwise ``(C, 1, 3, 3)`` kernel ``weight`` and ``(C,)`` ``bias``."""
+    encoding with a depthwise ``(C, 1, 3, 3)`` kernel ``weight`` and ``(C,)`` ``bias``, one
+    pass of the C++ kernel each way where it applies."""
     H, W = hw_shape
     if tokens.dim() != 3 or tokens.shape[1] != H * W:
         raise ValueError(f'tokens must be (B, H*W, C) for the grid {H}x{W}, got '
@@ -113,12 +200,7 @@ def position_code(tokens, weight, bias, hw_shape):
     if weight.shape != (C, 1, 3, 3) or bias.shape != (C, ):
         raise ValueError(f'weight must be ({C}, 1, 3, 3) and bias ({C},), got '
                          f'{tuple(weight.shape)} and {tuple(bias.shape)}')
-    if use_cpu_kernels(tokens, weight, bias) and tokens.dtype == weight.dtype == bias.dtype:
-        if torch.is_grad_enabled():
-            return _PositionCode.apply(tokens, weight, bias, H, W)
-        # inference: the kernel alone, no autograd node
-        return cpu_kernels().depthwise3x3(tokens, kernel_taps(weight), bias, True, H, W, False)
-    return tokens + depthwise3x3_reference(tokens, kernel_taps(weight), hw_shape) + bias
+    return depthwise3x3(tokens, kernel_taps(weight), bias, True, H, W, False)
 
 
 # ---- any odd kernel size, image layout (MHLA's value convolution) ----------------------

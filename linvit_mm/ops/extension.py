@@ -12,6 +12,14 @@ Where the kernels cannot be used (no compiler, tensors on a GPU, fp16/bf16, or
 PyTorch operations instead; the tests check both ways against each other.
 :func:`set_cpu_kernels` is the one switch between the two at run time; every operation of
 ``linvit_mm.ops`` asks :func:`use_cpu_kernels`.
+
+The kernels are called through PyTorch operators of the ``linvit_mm`` namespace
+(``torch.library.custom_op``, defined beside their callers), so that ``torch.export`` and
+``torch.compile`` see one operator with a shape function where the extension could not run
+on the tensors they trace with; an exported program then calls the kernels, or their
+PyTorch forms where the kernels do not apply. :func:`torch_forms` is the decomposition
+table that replaces each operator by its PyTorch form, for programs that must not depend on
+linvit_mm (ONNX, or a ``.pt2`` file loaded without it).
 """
 import contextlib
 import os
@@ -35,6 +43,7 @@ _ARCH_FLAGS = {
 _UNLOADED = object()
 _extension = _UNLOADED
 _enabled = os.environ.get('LINVIT_MM_CPU_KERNELS', '1') != '0'
+_TORCH_FORMS = {}
 
 
 def cpu_kernels():
@@ -86,3 +95,19 @@ def use_cpu_kernels(*tensors):
     """Whether the kernels apply: switched on, CPU tensors of fp32 / fp64, innermost stride 1."""
     return _enabled and (all(t.device.type == 'cpu' and t.dtype in KERNEL_DTYPES and t.stride(-1) == 1
                 for t in tensors) and cpu_kernels() is not None)
+
+
+def register_torch_form(operator, form):
+    """Record ``form``, the PyTorch operations that compute ``operator`` (an ``OpOverload``
+    of the ``linvit_mm`` namespace) from its arguments, for :func:`torch_forms`."""
+    _TORCH_FORMS[operator] = form
+
+
+def torch_forms():
+    """``{linvit_mm operator: its PyTorch form}``, a decomposition table::
+
+        exported = torch.export.export(model, args).run_decompositions(torch_forms())
+
+    leaves PyTorch operators only: what ``torch.onnx.export`` translates, and a program that
+    runs without linvit_mm (on the CPU without the C++ kernels' speed)."""
+    return dict(_TORCH_FORMS)

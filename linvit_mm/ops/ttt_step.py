@@ -8,7 +8,13 @@ per block, and at 224 px their per-operation costs made ViT^3 1.2-1.3x slower th
 attention. Here the forward keeps what the backward needs and the backward is written out.
 On the CPU both run in C++ (``ops/csrc/ttt_inner.cpp``: batched BLAS products, fused loops
 between them); elsewhere (GPU, fp16 / bf16, or no compiler) the same computation runs as the
-PyTorch operations below. The two never mix: a backward runs the form its forward ran.
+PyTorch operations below. Both forms keep the same tensors for the backward, so either
+backward serves either forward.
+
+The step is the PyTorch operator ``torch.ops.linvit_mm.ttt_inner_forward`` with its
+backward ``linvit_mm::ttt_inner_backward`` (``torch.library.custom_op``, see
+``extension.py``): ``torch.export`` keeps it as one node, and ``extension.torch_forms()``
+replaces it by the PyTorch form.
 
 Notation (per image and head; ``n`` tokens; ``c = n / scale``):
 
@@ -26,12 +32,15 @@ Gradient of the step: with ``r = ||G|| + c`` per column,
 ``G = k^T T`` gives ``dk = T dG^T``, ``dT = k dG``; ``z = k W`` gives ``dk += dz W^T``,
 ``dW = k^T dz``.
 """
-import torch
-from torch.autograd import Function
-from torch.autograd.function import once_differentiable
+import functools
 
-from .depthwise import conv_tokens, correlate_tokens, kernel_taps
-from .extension import cpu_kernels, use_cpu_kernels
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .depthwise import (correlate3x3_by_taps, correlate3x3_reference, depthwise3x3_by_taps,
+                        depthwise3x3_reference, kernel_taps)
+from .extension import cpu_kernels, register_torch_form, use_cpu_kernels
 
 
 def _untaps(tap_grad):
@@ -45,6 +54,17 @@ def _heads(qkv, heads, d):
     parts = qkv.view(B, N, 3 * heads + 3, d)
     swiglu = [parts[:, :, i * heads:(i + 1) * heads].transpose(1, 2) for i in range(3)]
     return swiglu + [parts[:, :, 3 * heads + i] for i in range(3)]
+
+
+def _conv(tokens, taps, hw_shape, flip=False, by_taps=False):
+    # PyTorch operations only (no linvit_mm operator): the forms are also the decompositions,
+    # which take the tap-by-tap convolutions (see depthwise.py)
+    conv = depthwise3x3_by_taps if by_taps else depthwise3x3_reference
+    return conv(tokens, taps.flip(1) if flip else taps, hw_shape)
+
+
+def _correlate(a, g, hw_shape, by_taps=False):
+    return (correlate3x3_by_taps if by_taps else correlate3x3_reference)(a, g, hw_shape)
 
 
 def _step(init, grad, offset, norm_dim):
@@ -63,18 +83,21 @@ def _step_backward(grad_fitted, grad, norm, offset, norm_dim):
     return grad_fitted / denom - grad * radial
 
 
-def _torch_forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
-    """PyTorch form of ``ttt_inner_forward``: ``[out, *saved]``, the same tensors."""
+# The PyTorch forms are also the operators' decompositions (``torch_forms``), so they are
+# functional: results are concatenated, never written into slices of a buffer.
+
+def _torch_forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale, by_taps=False):
+    """PyTorch form of ``ttt_inner_forward``: ``[out, *saved]``, the same tensors, laid out
+    alike (contiguous); ``by_taps``: the decomposition."""
     B, N, _ = qkv.shape
     d = w1.shape[-1]
     w12 = torch.cat([w1, w2], dim=-1)
     w3_taps = kernel_taps(w3)
     q, k, v, q3, k3, v3 = _heads(qkv, heads, d)
-    out = qkv.new_empty(B, N, heads + 1, d)
 
     z = k @ w12
     z1, z2 = z.chunk(2, dim=-1)
-    gate_z = torch.sigmoid(z2)
+    gate_z = torch.sigmoid(z2)  # recomputed by the backward, as the C++ one does
     vg = v * gate_z
     a = vg * z2
     terms = torch.cat([a, z1 * (vg + a * (1 - gate_z))], dim=-1)
@@ -82,33 +105,33 @@ def _torch_forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
     w12_fit, norm = _step(w12, grad, N / inner_scale, -2)
     p = q @ w12_fit
     gate_p = torch.sigmoid(p[..., d:])
-    out[:, :, :heads] = (p[..., :d] * p[..., d:] * gate_p).transpose(1, 2)
+    out = (p[..., :d] * p[..., d:] * gate_p).transpose(1, 2)              # (B, N, heads, d)
 
     grid, patches = (H, W), slice(num_extra, None)
-    grad3 = correlate_tokens(k3[:, patches], v3[:, patches], grid)
+    grad3 = _correlate(k3[:, patches], v3[:, patches], grid, by_taps).contiguous()
     w3_fit, norm3 = _step(w3_taps, grad3, H * W / inner_scale, 1)
-    out[:, patches, heads] = conv_tokens(q3[:, patches], w3_fit, grid)
+    out3 = _conv(q3[:, patches], w3_fit, grid, by_taps=by_taps)
     if num_extra:
         # extra tokens are 1 x 1 images of their own: only the centre tap reaches them
-        out[:, :num_extra, heads] = q3[:, :num_extra] * w3_fit[:, None, 4]
-    return [out.view(B, N, -1), z, gate_z, terms, grad, norm, w12_fit, p, gate_p, grad3, norm3,
-            w3_fit, w12]
+        out3 = torch.cat([q3[:, :num_extra] * w3_fit[:, None, 4], out3], dim=1)
+    out = torch.cat([out, out3.unsqueeze(2)], dim=2).reshape(B, N, -1)
+    return [out, z, terms, grad, norm, w12_fit, p, grad3, norm3, w3_fit, w12]
 
 
-def _torch_backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale):
-    """PyTorch form of ``ttt_inner_backward``: ``[grad_qkv, grad_w1, grad_w2, grad_w3]``."""
-    z, gate_z, terms, grad, norm, w12_fit, p, gate_p, grad3, norm3, w3_fit, w12 = saved
+def _torch_backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale, by_taps=False):
+    """PyTorch form of ``ttt_inner_backward``: ``[grad_qkv, grad_w1, grad_w2, grad_w3]``;
+    ``by_taps``: the decomposition."""
+    z, terms, grad, norm, w12_fit, p, grad3, norm3, w3_fit, w12 = saved
     B, N, _ = qkv.shape
     d = w12.shape[-2]
+    gate_z, gate_p = torch.sigmoid(z[..., d:]), torch.sigmoid(p[..., d:])
     q, k, v, q3, k3, v3 = _heads(qkv, heads, d)
     grad_out = grad_out.reshape(B, N, heads + 1, d)
-    grad_qkv = torch.empty_like(qkv)
-    grad_q, grad_k, grad_v, grad_q3, grad_k3, grad_v3 = _heads(grad_qkv, heads, d)
 
     p1, p2 = p.chunk(2, dim=-1)
     grad_gated = grad_out[:, :, :heads].transpose(1, 2) * gate_p
     grad_p = torch.cat([grad_gated * p2, grad_gated * p1 * (1 + p2 * (1 - gate_p))], dim=-1)
-    grad_q.copy_(grad_p @ w12_fit.mT)
+    grad_q = grad_p @ w12_fit.mT
     grad_fitted = q.mT @ grad_p
     grad_grad = _step_backward(grad_fitted, grad, norm, N / inner_scale, -2)
     grad_terms = k @ grad_grad
@@ -117,45 +140,97 @@ def _torch_backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale):
     silu1 = gate_z * (1 + z2 * (1 - gate_z))
     silu2 = gate_z * (1 - gate_z) * (2 + z2 * (1 - 2 * gate_z))
     grad_z = torch.cat([db * v * silu1, v * (da * silu1 + db * z1 * silu2)], dim=-1)
-    grad_v.copy_(da * z2 * gate_z + db * z1 * silu1)
-    grad_k.copy_(terms @ grad_grad.mT + grad_z @ w12.mT)
+    grad_v = da * z2 * gate_z + db * z1 * silu1
+    grad_k = terms @ grad_grad.mT + grad_z @ w12.mT
     grad_w12 = (grad_fitted + k.mT @ grad_z).sum(0, keepdim=True)
 
     grid, patches = (H, W), slice(num_extra, None)
     grad_out3 = grad_out[:, :, heads]
-    grad_w3_fit = correlate_tokens(q3[:, patches], grad_out3[:, patches], grid)
-    grad_q3[:, patches] = conv_tokens(grad_out3[:, patches], w3_fit, grid, flip=True)
+    grad_w3_fit = _correlate(q3[:, patches], grad_out3[:, patches], grid, by_taps)
+    grad_q3 = _conv(grad_out3[:, patches], w3_fit, grid, flip=True, by_taps=by_taps)
     if num_extra:
         extra = slice(None, num_extra)
-        grad_q3[:, extra] = grad_out3[:, extra] * w3_fit[:, None, 4]
-        grad_w3_fit[:, 4] += (grad_out3[:, extra] * q3[:, extra]).sum(1)
-        # the extra tokens' keys and values take no part in the conv fit
-        grad_k3[:, extra] = 0
-        grad_v3[:, extra] = 0
+        grad_q3 = torch.cat([grad_out3[:, extra] * w3_fit[:, None, 4], grad_q3], dim=1)
+        centre = (grad_out3[:, extra] * q3[:, extra]).sum(1, keepdim=True)
+        grad_w3_fit = torch.cat([grad_w3_fit[:, :4], grad_w3_fit[:, 4:5] + centre,
+                                 grad_w3_fit[:, 5:]], dim=1)
     grad_grad3 = _step_backward(grad_w3_fit, grad3, norm3, H * W / inner_scale, 1)
-    grad_k3[:, patches] = conv_tokens(v3[:, patches], grad_grad3, grid, flip=True)
-    grad_v3[:, patches] = conv_tokens(k3[:, patches], grad_grad3, grid)
-    return [grad_qkv, *grad_w12.chunk(2, dim=-1), _untaps(grad_w3_fit.sum(0, keepdim=True))]
+    # the extra tokens' keys and values take no part in the conv fit: zero rows first
+    grad_k3, grad_v3 = (F.pad(t, (0, 0, num_extra, 0)) for t in (
+        _conv(v3[:, patches], grad_grad3, grid, flip=True, by_taps=by_taps),
+        _conv(k3[:, patches], grad_grad3, grid, by_taps=by_taps)))
+    grad_qkv = torch.cat([t.transpose(1, 2) for t in (grad_q, grad_k, grad_v)]
+                         + [t.unsqueeze(2) for t in (grad_q3, grad_k3, grad_v3)], dim=2)
+    return [grad_qkv.reshape(B, N, -1), *grad_w12.chunk(2, dim=-1),
+            _untaps(grad_w3_fit.sum(0, keepdim=True))]
 
 
-class _TTTInnerStep(Function):
+@torch.library.custom_op('linvit_mm::ttt_inner_forward', mutates_args=())
+def ttt_inner_forward(qkv: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, heads: int,
+                      num_extra: int, H: int, W: int, inner_scale: float) -> list[Tensor]:
+    """``[out, *saved]``: the readouts ``(B, N, C + d)`` and what the backward needs; C++
+    where it applies."""
+    forward = cpu_kernels().ttt_inner_forward if use_cpu_kernels(qkv, w1) else _torch_forward
+    return forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale)
 
-    @staticmethod
-    def forward(ctx, qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
-        ctx.use_cpp = use_cpu_kernels(qkv, w1)
-        forward = cpu_kernels().ttt_inner_forward if ctx.use_cpp else _torch_forward
-        out, *saved = forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale)
-        ctx.save_for_backward(qkv, *saved)
-        ctx.config = heads, num_extra, H, W, inner_scale
-        return out
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        qkv, *saved = ctx.saved_tensors
-        backward = cpu_kernels().ttt_inner_backward if ctx.use_cpp else _torch_backward
-        return (*backward(grad_out.contiguous(), saved, qkv, *ctx.config), None, None, None,
-                None, None)
+@ttt_inner_forward.register_fake
+def _forward_shapes(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
+    B, N, _ = qkv.shape
+    d = w1.shape[-1]
+    new = qkv.new_empty
+    tokens_by_features = (B, heads, N, 2 * d)                   # z, terms, p
+    inner_weights = (B, heads, d, 2 * d)                        # grad, w12_fit
+    return [new(B, N, (heads + 1) * d), new(tokens_by_features), new(tokens_by_features),
+            new(inner_weights), new(B, heads, 1, 2 * d), new(inner_weights),
+            new(tokens_by_features), new(B, 9, d), new(B, 1, d), new(B, 9, d),
+            new(1, heads, d, 2 * d)]
+
+
+@torch.library.custom_op('linvit_mm::ttt_inner_backward', mutates_args=())
+def ttt_inner_backward(grad_out: Tensor, saved: list[Tensor], qkv: Tensor, heads: int,
+                       num_extra: int, H: int, W: int, inner_scale: float) -> list[Tensor]:
+    """``[grad_qkv, grad_w1, grad_w2, grad_w3]`` from the readouts' gradient and what
+    ``ttt_inner_forward`` kept; C++ where it applies."""
+    backward = (cpu_kernels().ttt_inner_backward if use_cpu_kernels(grad_out, qkv)
+                else _torch_backward)
+    # contiguous, as the shape function says: w1's and w2's gradients are the two halves of
+    # one tensor (an operator's outputs may not share memory) and w3's a transposed view
+    return [grad.contiguous() for grad in backward(grad_out, saved, qkv, heads, num_extra, H,
+                                                  W, inner_scale)]
+
+
+@ttt_inner_backward.register_fake
+def _backward_shapes(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale):
+    d = saved[-1].shape[-2]
+    return [qkv.new_empty(qkv.shape), qkv.new_empty(1, heads, d, d),
+            qkv.new_empty(1, heads, d, d), qkv.new_empty(d, 1, 3, 3)]
+
+
+def _keep_for_backward(ctx, inputs, output):
+    qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale = inputs
+    ctx.save_for_backward(qkv, *output[1:])
+    ctx.config = heads, num_extra, H, W, inner_scale
+    # only the readouts are used downstream: no zero gradients for the kept tensors
+    ctx.set_materialize_grads(False)
+
+
+def _step_gradients(ctx, grads):
+    qkv, *saved = ctx.saved_tensors
+    grad_out = grads[0]
+    if grad_out is None:
+        return None, None, None, None, None, None, None, None, None
+    return (*ttt_inner_backward(grad_out.contiguous(), saved, qkv, *ctx.config), None, None,
+            None, None, None)
+
+
+ttt_inner_forward.register_autograd(_step_gradients, setup_context=_keep_for_backward)
+register_torch_form(torch.ops.linvit_mm.ttt_inner_forward.default,
+                    functools.partial(_torch_forward, by_taps=True))
+
+
+register_torch_form(torch.ops.linvit_mm.ttt_inner_backward.default,
+                    functools.partial(_torch_backward, by_taps=True))
 
 
 def ttt_inner_step(qkv, w1, w2, w3, heads, num_extra, hw_shape, inner_scale):
@@ -164,9 +239,5 @@ def ttt_inner_step(qkv, w1, w2, w3, heads, num_extra, hw_shape, inner_scale):
 
     ``w1``, ``w2``: ``(1, heads, d, d)``; ``w3``: ``(d, 1, 3, 3)``; all of qkv's dtype.
     """
-    qkv = qkv.contiguous()
-    if not torch.is_grad_enabled() and use_cpu_kernels(qkv, w1):
-        # inference: no autograd node to build, nothing to keep
-        return cpu_kernels().ttt_inner_forward(qkv, w1, w2, w3, heads, num_extra, *hw_shape,
-                                               inner_scale)[0]
-    return _TTTInnerStep.apply(qkv, w1, w2, w3, heads, num_extra, *hw_shape, inner_scale)
+    return ttt_inner_forward(qkv.contiguous(), w1, w2, w3, heads, num_extra, *hw_shape,
+                             inner_scale)[0]

@@ -1,12 +1,14 @@
 """Depthwise convolutions (``ops/depthwise.py``): the C++ 3x3 kernels against ``F.conv2d``,
-the position code, and MHLA's value convolution with a backward built from forward
-convolutions."""
+their PyTorch operators and decompositions, the position code, and MHLA's value convolution
+with a backward built from forward convolutions."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from linvit_mm.ops import (correlate3x3_reference, depthwise3x3_reference, depthwise_conv2d,
-                           position_code)
+                           position_code, torch_forms)
+from linvit_mm.ops.depthwise import (correlate3x3, correlate3x3_by_taps, depthwise3x3,
+                                     depthwise3x3_by_taps)
 from linvit_mm.testing import assert_rel_close
 
 GRIDS = [(7, 5), (1, 1), (14, 14)]
@@ -61,6 +63,56 @@ def test_kernels_reject_mismatched_inputs(kernels):
         kernels.depthwise3x3(x, torch.randn(1, 9, 7), None, False, 3, 4, False)
     with pytest.raises(RuntimeError, match='shapes differ'):
         kernels.correlate3x3(x, torch.randn(1, 12, 7), 3, 4)
+
+
+# ---------------------------------------------------------------- as PyTorch operators
+
+@pytest.mark.parametrize('shared', [True, False], ids=['shared_kernel', 'per_image_kernel'])
+@pytest.mark.parametrize('flip', [False, True], ids=['conv', 'transposed'])
+def test_operators_pass_opcheck(kernel_path, shared, flip):
+    """Schema, shape function (fake tensors), autograd registration and tracing, with the
+    kernels and with the PyTorch forms."""
+    B, C, hw = 2, 5, (3, 4)
+    options = dict(dtype=torch.float64, requires_grad=True)
+    x = token_slice(B, hw, C, torch.float64).requires_grad_()
+    taps = torch.randn(1 if shared else B, 9, C, **options)
+    for bias, residual in ((torch.randn(C, **options), True), (None, False)):
+        torch.library.opcheck(depthwise3x3, (x, taps, bias, residual, *hw, flip))
+    torch.library.opcheck(correlate3x3, (x.detach(), x.detach(), *hw))
+
+
+@pytest.mark.parametrize('hw', GRIDS)
+@pytest.mark.parametrize('shared', [True, False], ids=['shared_kernel', 'per_image_kernel'])
+def test_tap_by_tap_forms_match_conv2d(hw, shared):
+    """The decompositions' forms (nine shifted products, no batch-sized group count)."""
+    B, C = 3, 4
+    x, g = token_slice(B, hw, C, torch.float64), token_slice(B, hw, C, torch.float64, seed=1)
+    weight = torch.randn(1 if shared else B, 9, C, dtype=torch.float64)
+    assert_rel_close(depthwise3x3_by_taps(x, weight, hw), depthwise3x3_reference(x, weight, hw),
+                     1e-14)
+    assert_rel_close(correlate3x3_by_taps(x, g, hw), correlate3x3_reference(x, g, hw), 1e-14)
+
+
+def test_torch_forms_decompose_the_operators():
+    """``torch_forms()`` turns a program calling the operators into PyTorch operators that
+    compute the same."""
+    hw = (3, 4)
+    x = token_slice(2, hw, 5, torch.float32)
+    taps, bias = torch.randn(1, 9, 5), torch.randn(5)
+
+    class Conv(torch.nn.Module):
+
+        def forward(self, tokens):
+            return depthwise3x3(tokens, taps, bias, True, *hw, False) \
+                + correlate3x3(tokens, tokens, *hw).sum(1, keepdim=True)
+
+    program = torch.export.export(Conv(), (x, ))
+    targets = {str(node.target) for node in program.graph.nodes}
+    assert {'linvit_mm.depthwise3x3.default', 'linvit_mm.correlate3x3.default'} <= targets
+    decomposed = program.run_decompositions(torch_forms())
+    assert not [t for t in map(str, (n.target for n in decomposed.graph.nodes))
+                if t.startswith('linvit_mm.')]
+    assert_rel_close(decomposed.module()(x), Conv()(x), 1e-6)
 
 
 # ---------------------------------------------------------------- position code

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...ops import depthwise_conv2d
+from ...utils.tracing import is_tracing
 from .base import BaseAttention, float32_state, register_attention
 
 MIXING_INITS = ('linear', 'cos')
@@ -52,8 +53,10 @@ class BlockLayout(NamedTuple):
         return self.cols * self.block_w
 
     def pads(self, hw_shape):
-        """Whether the ``hw_shape`` grid needs padding to fill the blocks."""
-        return (self.padded_h, self.padded_w) != tuple(hw_shape)
+        """Whether the ``hw_shape`` grid needs padding to fill the blocks. Always, while
+        tracing: padding by zero rows is the identity, and a branch on the grid would tie a
+        traced graph to the example's grid."""
+        return is_tracing() or (self.padded_h, self.padded_w) != tuple(hw_shape)
 
 
 def distance_mixing_matrix(num_blocks, mode='linear'):
@@ -82,6 +85,13 @@ def distance_mixing_matrix(num_blocks, mode='linear'):
     else:
         weights = torch.cos(distance / max_distance * (math.pi / 4))
     return (weights / weights.sum(dim=0, keepdim=True)).float()
+
+
+def _dense(t):
+    """``t`` laid out contiguously: eager, ``contiguous()`` (a copy only where needed, as a
+    ``reshape`` would make); traced, always a copy, because asking whether a crop of the
+    padded grid is contiguous would tie the graph to the example's grid."""
+    return t.clone(memory_format=torch.contiguous_format) if is_tracing() else t.contiguous()
 
 
 def _pair(num_blocks):
@@ -179,7 +189,9 @@ class MultiHeadLinearAttention(BaseAttention):
         if H < 1 or W < 1:
             raise ValueError(f'the patch grid must be at least 1x1, got {H}x{W}')
         rows, cols = self.num_blocks
-        return BlockLayout(rows, cols, -(-H // rows), -(-W // cols))
+        # ceil division on non-negative operands: ONNX divides integers towards zero, so
+        # the -(-H // rows) form would floor instead in an exported graph
+        return BlockLayout(rows, cols, (H + rows - 1) // rows, (W + cols - 1) // cols)
 
     def _split(self, x, hw_shape):
         """Heads of features and values, the raw values for the convolution, extra count."""
@@ -243,20 +255,27 @@ class MultiHeadLinearAttention(BaseAttention):
 
     @staticmethod
     def _blocks_to_tokens(t, hw_shape, layout):
-        """``(B, h, M, block_h*block_w, d)`` -> ``(B, H*W, h*d)``: padded queries cropped,
+        """``(B, h, M, block_h*block_w, d)`` -> ``(B, H*W, h*d)``: padded queries dropped,
         heads merged, in one copy (two when the grid was padded)."""
         B, h, _, _, d = t.shape
         H, W = hw_shape
         t = t.reshape(B, h, layout.rows, layout.cols, layout.block_h, layout.block_w, d)
         t = t.permute(0, 2, 4, 3, 5, 1, 6)                      # (B, rows, bh, cols, bw, h, d)
         if layout.pads(hw_shape):
-            t = t.reshape(B, layout.padded_h, layout.padded_w, h * d)[:, :H, :W]
-        return t.reshape(B, H * W, h * d)
+            # the real tokens gathered, not cropped: a crop of a grid of symbolic size would
+            # tie a traced graph to the example's grid
+            rows = torch.arange(H, device=t.device)[:, None] * layout.padded_w
+            real = (rows + torch.arange(W, device=t.device)).flatten()
+            padded = _dense(t).view(B, layout.padded_h * layout.padded_w, h * d)
+            return padded.index_select(1, real)
+        return _dense(t).view(B, H * W, h * d)
 
     def _padding_mask(self, hw_shape, layout, device, dtype):
         """``(M, block_h*block_w, 1)``: 1 for real tokens, 0 for the padding."""
-        real = torch.zeros(layout.padded_h, layout.padded_w, device=device, dtype=dtype)
-        real[:hw_shape[0], :hw_shape[1]] = 1.
+        # compared, not sliced: a slice assignment would tie a traced graph to the grid
+        rows = torch.arange(layout.padded_h, device=device) < hw_shape[0]
+        cols = torch.arange(layout.padded_w, device=device) < hw_shape[1]
+        real = (rows[:, None] & cols[None, :]).to(dtype)
         return self._to_blocks(real.reshape(-1, 1), (layout.padded_h, layout.padded_w), layout)
 
     def _block_rotation(self, hw_shape, layout, like):

@@ -1,6 +1,5 @@
 """LinearViT: a Vision Transformer whose attention operator is chosen by name."""
 import copy
-import functools
 import inspect
 import math
 from typing import Sequence
@@ -20,6 +19,7 @@ from torch import nn
 from ..attention import attention_class, build_attention
 from ..utils.rope import build_rope
 from .hybrid import class_token_of, describe_attn_types, resolve_attn_types
+from ...utils.tracing import eager_cache, is_tracing
 
 
 def sincos_pos_embed(hw_shape, embed_dims, temperature=10000., device=None, dtype=None):
@@ -43,7 +43,7 @@ def sincos_pos_embed(hw_shape, embed_dims, temperature=10000., device=None, dtyp
     return embed.unsqueeze(0).to(device=device, dtype=dtype or torch.get_default_dtype())
 
 
-@functools.lru_cache(maxsize=16)
+@eager_cache(maxsize=16)
 def _cached_sincos_pos_embed(hw_shape, embed_dims, device, dtype):
     # Built in float64 with a sin/cos per element on every forward, it took about a tenth
     # of a ViT-S block's time on a CPU at 224 px (0.3-0.7 ms). One entry per (grid, width,
@@ -556,7 +556,9 @@ class LinearViT(BaseBackbone):
 
     def _resample_pos_embed(self, pos_embed, src_shape, dst_shape):
         """timm's resampling of the patch part (leading extra-token slots kept as they are)."""
-        if tuple(src_shape) == tuple(dst_shape):
+        # Traced, the resampling always runs (to the same grid it is the identity), so that
+        # an exported graph is not tied to the example's grid.
+        if not is_tracing() and tuple(src_shape) == tuple(dst_shape):
             return pos_embed
         # Imported here: importing timm's layers costs seconds, and most models never resize.
         from timm.layers import resample_abs_pos_embed

@@ -23,12 +23,13 @@ copied weights computes the source model's function:
     ``2 pi c / P_k`` in the same row-then-column order; pairs are ``(p, p + d / 2)``
     (rotate-half layout). DINOv3's training-time coordinate augmentations are not applied.
 """
-import functools
 import math
 from typing import NamedTuple
 
 import torch
 from torch import nn
+
+from ...utils.tracing import eager_cache
 
 ROPE_TYPES = ('eva', 'dinov3')
 DEFAULT_TEMPERATURE = {'eva': 10000., 'dinov3': 100.}
@@ -156,7 +157,7 @@ class RotaryPositionEmbedding2D(nn.Module):
                 f'temperature={self.temperature:g}{ref}')
 
 
-@functools.lru_cache(maxsize=64)
+@eager_cache(maxsize=64)
 def _angles(config, hw_shape):
     rope_type, head_dims, temperature, ref_grid = config
     height, width = hw_shape
@@ -176,7 +177,7 @@ def _angles(config, hw_shape):
     return torch.cat([row_angles, col_angles], dim=1)
 
 
-@functools.lru_cache(maxsize=64)
+@eager_cache(maxsize=64)
 def _tables(config, hw_shape, num_extra, device, dtype):
     # Computed once per grid and shared by every block and forward; callers only read them.
     angles = _angles(config, hw_shape)
