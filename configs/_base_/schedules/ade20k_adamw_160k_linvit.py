@@ -19,6 +19,9 @@ optim_wrapper = dict(
             'pos_embed': dict(decay_mult=0.0),
             'cls_token': dict(decay_mult=0.0),
             'block_mixing': dict(decay_mult=0.0),
+            # hedgehog's learned feature map starts at the identity; decay would pull it
+            # towards a flat map
+            'feature_proj': dict(decay_mult=0.0),
         }))
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),

@@ -16,5 +16,8 @@ optim_wrapper = dict(
             'pos_embed': dict(decay_mult=0.0),
             'cls_token': dict(decay_mult=0.0),
             'block_mixing': dict(decay_mult=0.0),
+            # hedgehog's learned feature map starts at the identity; decay would pull it
+            # towards a flat map
+            'feature_proj': dict(decay_mult=0.0),
         }))
 auto_scale_lr = dict(base_batch_size=16)

@@ -19,6 +19,9 @@ optim_wrapper = dict(
             '.cls_token': dict(decay_mult=0.0),
             '.pos_embed': dict(decay_mult=0.0),
             '.block_mixing': dict(decay_mult=0.0),
+            # hedgehog's learned feature map starts at the identity; decay would pull it
+            # towards a flat map
+            '.feature_proj': dict(decay_mult=0.0),
         }))
 
 warmup_epochs = 1
