@@ -11,10 +11,11 @@ between them); elsewhere (GPU, fp16 / bf16, or no compiler) the same computation
 PyTorch operations below. Both forms keep the same tensors for the backward, so either
 backward serves either forward.
 
-The step is the PyTorch operator ``torch.ops.linvit_mm.ttt_inner_forward`` with its
-backward ``linvit_mm::ttt_inner_backward`` (``torch.library.custom_op``, see
-``extension.py``): ``torch.export`` keeps it as one node, and ``extension.torch_forms()``
-replaces it by the PyTorch form.
+Traced code (``torch.export``, ``torch.compile``) takes the step as the PyTorch operator
+``torch.ops.linvit_mm.ttt_inner_forward`` with its backward ``linvit_mm::ttt_inner_backward``
+(``torch.library.custom_op``, see ``extension.py``), one node, which
+``extension.torch_forms()`` replaces by the PyTorch form; eager code calls the same forward
+and backward without the dispatcher (see ``depthwise.py``).
 
 Notation (per image and head; ``n`` tokens; ``c = n / scale``):
 
@@ -37,9 +38,12 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd import Function
+from torch.autograd.function import once_differentiable
 
 from .depthwise import (correlate3x3_by_taps, correlate3x3_reference, depthwise3x3_by_taps,
                         depthwise3x3_reference, kernel_taps)
+from ..utils.tracing import is_tracing
 from .extension import cpu_kernels, register_torch_form, use_cpu_kernels
 
 
@@ -165,13 +169,46 @@ def _torch_backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale, b
             _untaps(grad_w3_fit.sum(0, keepdim=True))]
 
 
+def _forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
+    """``[out, *saved]``, C++ where it applies."""
+    forward = cpu_kernels().ttt_inner_forward if use_cpu_kernels(qkv, w1) else _torch_forward
+    return forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale)
+
+
+def _backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale):
+    """``[grad_qkv, grad_w1, grad_w2, grad_w3]``, C++ where it applies (either form's saved
+    tensors serve)."""
+    backward = (cpu_kernels().ttt_inner_backward if use_cpu_kernels(grad_out, qkv)
+                else _torch_backward)
+    return backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale)
+
+
+class _TTTInnerStep(Function):
+    """The step in eager code (see ``depthwise.py`` on why not the operator)."""
+
+    @staticmethod
+    def forward(ctx, qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
+        out, *saved = _forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale)
+        ctx.save_for_backward(qkv, *saved)
+        ctx.config = heads, num_extra, H, W, inner_scale
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        qkv, *saved = ctx.saved_tensors
+        return (*_backward(grad_out.contiguous(), saved, qkv, *ctx.config), None, None, None,
+                None, None)
+
+
+# ---- the PyTorch operators, for traced code ------------------------------------------------
+
 @torch.library.custom_op('linvit_mm::ttt_inner_forward', mutates_args=())
 def ttt_inner_forward(qkv: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, heads: int,
                       num_extra: int, H: int, W: int, inner_scale: float) -> list[Tensor]:
     """``[out, *saved]``: the readouts ``(B, N, C + d)`` and what the backward needs; C++
     where it applies."""
-    forward = cpu_kernels().ttt_inner_forward if use_cpu_kernels(qkv, w1) else _torch_forward
-    return forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale)
+    return _forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale)
 
 
 @ttt_inner_forward.register_fake
@@ -192,12 +229,10 @@ def ttt_inner_backward(grad_out: Tensor, saved: list[Tensor], qkv: Tensor, heads
                        num_extra: int, H: int, W: int, inner_scale: float) -> list[Tensor]:
     """``[grad_qkv, grad_w1, grad_w2, grad_w3]`` from the readouts' gradient and what
     ``ttt_inner_forward`` kept; C++ where it applies."""
-    backward = (cpu_kernels().ttt_inner_backward if use_cpu_kernels(grad_out, qkv)
-                else _torch_backward)
     # contiguous, as the shape function says: w1's and w2's gradients are the two halves of
     # one tensor (an operator's outputs may not share memory) and w3's a transposed view
-    return [grad.contiguous() for grad in backward(grad_out, saved, qkv, heads, num_extra, H,
-                                                  W, inner_scale)]
+    return [grad.contiguous() for grad in _backward(grad_out, saved, qkv, heads, num_extra, H,
+                                                   W, inner_scale)]
 
 
 @ttt_inner_backward.register_fake
@@ -239,5 +274,10 @@ def ttt_inner_step(qkv, w1, w2, w3, heads, num_extra, hw_shape, inner_scale):
 
     ``w1``, ``w2``: ``(1, heads, d, d)``; ``w3``: ``(d, 1, 3, 3)``; all of qkv's dtype.
     """
-    return ttt_inner_forward(qkv.contiguous(), w1, w2, w3, heads, num_extra, *hw_shape,
-                             inner_scale)[0]
+    qkv = qkv.contiguous()
+    if is_tracing():
+        return ttt_inner_forward(qkv, w1, w2, w3, heads, num_extra, *hw_shape, inner_scale)[0]
+    if not torch.is_grad_enabled():
+        # inference: no autograd node to build, nothing to keep
+        return _forward(qkv, w1, w2, w3, heads, num_extra, *hw_shape, inner_scale)[0]
+    return _TTTInnerStep.apply(qkv, w1, w2, w3, heads, num_extra, *hw_shape, inner_scale)
