@@ -60,6 +60,22 @@ def graph_targets(program):
             if isinstance(module, torch.fx.GraphModule) for node in module.graph.nodes}
 
 
+@pytest.mark.parametrize('fmt', ['torch-export', 'onnx'])
+def test_a_hybrid_exports_at_any_size(fmt, tmp_path):
+    """Blocks of different operators (MHLA then ViT^3) in one graph."""
+    torch.manual_seed(0)
+    model = LinearViT(arch=dict(ARCH, num_layers=2), attn_type=dict(default='ttt', mhla=[0]),
+                      img_size=SHAPE).eval()
+    assert model.attn_types == ['mhla', 'ttt']
+    if fmt == 'onnx':
+        export_onnx(model, SHAPE, tmp_path / 'hybrid.onnx', batch_size=2, dynamic=True)
+        run = run_onnx(tmp_path / 'hybrid.onnx')
+    else:
+        run = run_program(export_program(model, SHAPE, batch_size=2, dynamic=True))
+    inputs = check_inputs(model, SHAPE, batch_size=2, dynamic=True) + [odd_grid_images()]
+    assert_matches_eager(model, run, inputs)
+
+
 def test_ttt_program_calls_the_kernels_and_portable_one_only_pytorch():
     model = tiny_vit('ttt')
     program = export_program(model, SHAPE)

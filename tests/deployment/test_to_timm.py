@@ -138,3 +138,9 @@ def test_blocks_take_the_grid_of_the_embedded_image_only():
 def test_what_timm_cannot_express_is_refused(kwargs, message):
     with pytest.raises(ConversionError, match=message):
         linvit_to_timm(vit('relu', **kwargs))
+
+
+def test_a_hybrid_is_refused():
+    with pytest.raises(ConversionError, match=r"a hybrid of \['relu', 'softmax'\]: timm builds "
+                                              r"every block's attention from one attn_layer"):
+        linvit_to_timm(vit(dict(default='relu', softmax=[0])))
