@@ -153,8 +153,8 @@ class LinearViTCheckpointInit:
         self.wholemodule = False
 
     def __call__(self, module):
-        from linvit_mm.transfer.initializer import _init_children
-        _init_children(module)
+        from linvit_mm.transfer.initializer import init_children_first
+        init_children_first(module)
         load_linear_vit_checkpoint(module, self.checkpoint, prefix=self.prefix,
                                    require_record=self.require_record,
                                    map_location=self.map_location)

@@ -87,7 +87,7 @@ class SoftmaxTransferInit:
         self.wholemodule = False
 
     def __call__(self, module):
-        _init_children(module)
+        init_children_first(module)
         report = transfer_softmax_weights(
             module, self.checkpoint,
             setting=self.setting,
@@ -105,7 +105,7 @@ class SoftmaxTransferInit:
         return f'{self.__class__.__name__}: {what}{source}'
 
 
-def _init_children(module):
+def init_children_first(module):
     """Run the children's ``init_weights`` now, as ``BaseModule.init_weights`` would next.
 
     Written out because mmengine offers no way to order an initialiser after the children

@@ -1,4 +1,4 @@
-"""Issue: end-to-end tools/train.py on the mini classification set for every operator with
+"""End-to-end tools/train.py on the mini classification set for every operator with
 MLPCopy + distillation from a Softmax checkpoint written here; tools/test.py reloads it."""
 import re
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Issue: tools/train.py + tools/test.py on the mini COCO set (CocoMetric bbox + segm) and the
+"""tools/train.py + tools/test.py on the mini COCO set (CocoMetric bbox + segm) and the
 mini ADE20K set (IoUMetric), starting from a classification checkpoint that the project's own
 classification pipeline wrote; --show-dir writes the visualised predictions."""
 from pathlib import Path

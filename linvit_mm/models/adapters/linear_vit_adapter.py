@@ -39,12 +39,30 @@ class LinearViTAdapter(BaseModule):
     ``C = vit.embed_dims`` (FPN / UperNet ``in_channels=[C] * 4``).
 
     **Input size.** Any ``H x W`` is accepted. The image is zero-padded at the
-    bottom and right to multiples of ``size_divisor = lcm(32, patch_size)`` (32 for
-    patch 16) so that every level and the ViT grid tile the same area exactly; each
-    output is then cropped to ``ceil(H / s) x ceil(W / s)`` of the *original* size,
-    which is what a stride-``s`` conv backbone with padding gives, so heads that
-    compute feature sizes from the image size agree with it. mmdet and mmseg pad
-    batches to a multiple of 32 themselves, so usually nothing is padded here.
+    bottom and right to multiples of ``size_divisor`` = 32, so that every level of
+    the spatial prior tiles the same area exactly; each output is then cropped to
+    ``ceil(H / s) x ceil(W / s)`` of the *original* size, which is what a stride-``s``
+    conv backbone with padding gives, so heads that compute feature sizes from the
+    image size agree with it. mmdet and mmseg pad batches to a multiple of 32
+    themselves, so usually nothing is padded here.
+
+    **Patch size.** The ViT runs at its own stride on the same padded image, its
+    patch embedding padding it to whole patches: a patch-16 ViT tiles exactly the
+    area of the levels, a patch-14 one (DINOv2, EVA-02) a little more, ``ceil(H' / 14)``
+    cells a side. Where the two meet, positions are matched in pixels: the
+    deformable attention's reference points are the cell centres as fractions of the
+    area the sampled maps tile (``deformable_inputs``' extents), and with
+    ``add_vit_feature`` the ViT map is resampled by ``patch_size / s`` (bilinear, on
+    pixel centres) and cropped to the level. The pre-trained ViT thus sees the image
+    at its own scale and patch size (ViT-Adapter's DINOv2 models resize the patch
+    embedding to 16 instead, other DINOv2 adapters shrink the image by 14 / 16: both
+    change what the copied weights compute), at the cost of (16 / 14)^2 = 1.31x the
+    tokens of patch 16, which the linear operators take in linear time.
+
+    **Registers and RoPE.** The leading non-patch tokens (class token and
+    registers, ``vit.num_extra_tokens``) run through every ViT block and skip the
+    injectors and extractors; the blocks get the ViT grid, from which RoPE builds its
+    rotations.
 
     **ViT final norm.** ViT-Adapter does not use the ViT's final norm (its outputs
     have their own norms), and an unused parameter would stall DDP; the ViT is
@@ -132,7 +150,9 @@ class LinearViTAdapter(BaseModule):
         self.vit = self._build_vit(vit, with_cp)
         embed_dims = self.vit.embed_dims
         self.embed_dims = embed_dims
-        self.size_divisor = math.lcm(self.STRIDES[-1], self.vit.patch_size)
+        # The spatial prior's levels tile a multiple of the largest stride exactly; the
+        # ViT's grid is matched to them in pixels (see the class docstring).
+        self.size_divisor = self.STRIDES[-1]
 
         self.interaction_indexes = self._check_interaction_indexes(interaction_indexes)
         if vit_feature_mode not in self.VIT_FEATURE_MODES:
@@ -356,12 +376,18 @@ class LinearViTAdapter(BaseModule):
         c = flatten_maps([level + embed[:, None, None]
                           for level, embed in zip(levels, self.level_embed)])
 
+        # The patch embedding pads the image to whole patches (bottom and right), so the
+        # ViT grid tiles grid * patch_size pixels, at least the levels' area.
         tokens, vit_shape = self.vit.embed(images)
+        prior_extent = tuple(images.shape[-2:])
+        vit_extent = (vit_shape[0] * self.vit.patch_size, vit_shape[1] * self.vit.patch_size)
         num_extra = self.vit.num_extra_tokens
         cls_tokens = tokens[:, :num_extra] if num_extra else None
         x = tokens[:, num_extra:]
-        inject_inputs = deformable_inputs([vit_shape], level_shapes, like=x)
-        extract_inputs = deformable_inputs(level_shapes, [vit_shape], like=x)
+        inject_inputs = deformable_inputs([vit_shape], level_shapes, like=x,
+                                          query_extent=vit_extent, value_extent=prior_extent)
+        extract_inputs = deformable_inputs(level_shapes, [vit_shape], like=x,
+                                           query_extent=prior_extent, value_extent=vit_extent)
 
         vit_outputs = []
         for interaction, (first, last) in zip(self.interactions, self.interaction_indexes):
@@ -375,13 +401,24 @@ class LinearViTAdapter(BaseModule):
         if self.add_vit_feature:
             if self.vit_feature_mode == 'last':
                 vit_outputs = [x] * len(outs)
-            for i, vit_tokens in enumerate(vit_outputs):
+            for i, (vit_tokens, stride) in enumerate(zip(vit_outputs, self.STRIDES)):
                 vit_map = split_maps(vit_tokens, [vit_shape])[0]
-                if vit_map.shape[-2:] != outs[i].shape[-2:]:
-                    vit_map = F.interpolate(vit_map, size=outs[i].shape[-2:], mode='bilinear',
-                                            align_corners=False)
-                outs[i] = outs[i] + vit_map
+                outs[i] = outs[i] + self.resample_vit_map(vit_map, stride, outs[i].shape[-2:])
         # Crop before the norms so that batch statistics see no padding.
         return tuple(
             norm(out[..., :_ceil_div(height, stride), :_ceil_div(width, stride)])
             for norm, out, stride in zip(self.out_norms, outs, self.STRIDES))
+
+    def resample_vit_map(self, vit_map, stride, level_shape):
+        """The ViT's ``(B, C, h, w)`` map on the grid of stride ``stride``, ``level_shape``.
+
+        Bilinear with the scale ``patch_size / stride`` itself (not the ratio of the two
+        sizes, which differ from it when the ViT tiles more than the level): output
+        pixel centres map to the input pixel centres at the same image position. The
+        result, at least ``level_shape``, is cropped to it at the bottom and right.
+        """
+        scale = self.vit.patch_size / stride
+        if scale != 1:
+            vit_map = F.interpolate(vit_map, scale_factor=scale, mode='bilinear',
+                                    align_corners=False, recompute_scale_factor=False)
+        return vit_map[..., :level_shape[0], :level_shape[1]]

@@ -5,7 +5,7 @@ level, each row-major) so that one deformable-attention call samples all of them
 grid of every level is carried explicitly, never inferred from a token count: the
 sequence lengths of the levels need not be in a fixed ratio.
 """
-from typing import List, NamedTuple, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -25,33 +25,50 @@ class DeformableInputs(NamedTuple):
     level_start_index: torch.Tensor
 
 
-def grid_reference_points(grid_shapes: Sequence[GridShape], like: torch.Tensor) -> torch.Tensor:
-    """Cell centres of each grid in turn, normalised by that grid's size.
+def grid_reference_points(grid_shapes: Sequence[GridShape], like: torch.Tensor,
+                          extent_ratio: Tuple[float, float] = (1., 1.)) -> torch.Tensor:
+    """Cell centres of each grid in turn, normalised by the area the value maps tile.
 
-    A query at the centre of cell ``(i, j)`` of an ``h x w`` grid sits at
-    ``((j + 0.5) / w, (i + 0.5) / h)``: the same image location whatever the stride,
-    so queries of one grid look at the matching place of value maps of another.
+    Every grid tiles an area from the image's top-left corner; ``extent_ratio`` is that
+    area's ``(height, width)`` over the values' area. A query at the centre of cell
+    ``(i, j)`` of an ``h x w`` grid sits at ``((j + 0.5) / w * rw, (i + 0.5) / h * rh)``:
+    the same image location whatever the stride, so queries of one grid look at the
+    matching place of value maps of another. With the same area (ratio 1) that is
+    ``((j + 0.5) / w, (i + 0.5) / h)``.
     """
     # At least float32: in bf16 a point near 1 is off by up to 2**-8, a sixth of a
     # cell on an 84-wide grid (1333 / 16), and every sampling location would shift.
     dtype = torch.promote_types(like.dtype, torch.float32)
+    ratio_h, ratio_w = extent_ratio
     points = []
     for h, w in grid_shapes:
-        ys = (torch.arange(h, device=like.device, dtype=dtype) + 0.5) / h
-        xs = (torch.arange(w, device=like.device, dtype=dtype) + 0.5) / w
+        ys = (torch.arange(h, device=like.device, dtype=dtype) + 0.5) / h * ratio_h
+        xs = (torch.arange(w, device=like.device, dtype=dtype) + 0.5) / w * ratio_w
         grid_y, grid_x = torch.meshgrid(ys, xs, indexing='ij')
         points.append(torch.stack((grid_x.reshape(-1), grid_y.reshape(-1)), dim=-1))
     return torch.cat(points)[None, :, None]
 
 
 def deformable_inputs(query_shapes: Sequence[GridShape], value_shapes: Sequence[GridShape],
-                      like: torch.Tensor) -> DeformableInputs:
-    """Inputs for queries laid out on ``query_shapes`` sampling values on ``value_shapes``."""
+                      like: torch.Tensor, query_extent: Optional[Tuple[int, int]] = None,
+                      value_extent: Optional[Tuple[int, int]] = None) -> DeformableInputs:
+    """Inputs for queries laid out on ``query_shapes`` sampling values on ``value_shapes``.
+
+    ``query_extent`` and ``value_extent``: the ``(height, width)`` in pixels that the
+    query grids and the value grids tile, from the image's top-left corner (a ViT of
+    patch 14 tiles a little more than the stride-32 maps of the same padded image). By
+    default both tile the same area.
+    """
+    if (query_extent is None) != (value_extent is None):
+        raise ValueError('give both query_extent and value_extent, or neither (same area)')
+    extent_ratio = (1., 1.)
+    if query_extent is not None:
+        extent_ratio = (query_extent[0] / value_extent[0], query_extent[1] / value_extent[1])
     spatial_shapes = torch.as_tensor(value_shapes, dtype=torch.long, device=like.device)
     level_start_index = torch.cat(
         (spatial_shapes.new_zeros(1), spatial_shapes.prod(1).cumsum(0)[:-1]))
-    return DeformableInputs(grid_reference_points(query_shapes, like), spatial_shapes,
-                            level_start_index)
+    return DeformableInputs(grid_reference_points(query_shapes, like, extent_ratio),
+                            spatial_shapes, level_start_index)
 
 
 def flatten_maps(maps: Sequence[torch.Tensor]) -> torch.Tensor:

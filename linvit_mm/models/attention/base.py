@@ -17,9 +17,10 @@ from torch import nn
 
 from ..utils.rope import build_rope
 
-# A child of mmpretrain's model registry, so third-party operators register with
-# ``@ATTENTIONS.register_module()`` in a module that ``custom_imports`` loads, and a lookup
-# needs no default scope (mmdet and mmseg runs find them too).
+# A child of mmpretrain's model registry, so a lookup needs no default scope (mmdet and
+# mmseg runs find operators too). Third-party operators register with
+# ``@register_attention(name)`` in a module that ``custom_imports`` loads: it also records
+# the name as the class's ``attn_type``, which a bare ``ATTENTIONS.register_module()`` does not.
 ATTENTIONS = Registry('attention operator', parent=MODELS, scope='linvit_mm',
                       locations=['linvit_mm.models.attention'])
 
