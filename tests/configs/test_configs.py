@@ -246,7 +246,8 @@ def test_every_operator_and_size_has_its_imagenet_recipe():
     """The ImageNet stage that a detector or segmenter of each operator and size starts from
     is a config of the repository (other combinations: tools/misc/make_config.py)."""
     from linvit_mm.models.attention import attention_types
-    sizes = [p.stem.split('-')[1] for p in (CONFIG_ROOT / '_base_/models/linvit').glob('*.py')
+    sizes = [p.stem.split('-')[1]
+             for p in (CONFIG_ROOT / '_base_/models/linvit').glob('linvit-*.py')
              if p.stem != 'linvit-classifier']
     setting = {'softmax': 'fullcopy'}
     missing = [f'linvit-{op}-{size}_{setting.get(op, "fullcopy-distill")}_32xb128_in1k.py'

@@ -1,16 +1,5 @@
-# Staged recipe, stage 1: attention alignment of a ttt ViT-Ti to the Softmax DeiT-Ti
-# (docs/staged.md, README.md here): each block's attention alone trains, on the teacher's
-# input to that block; no labels.
-_base_ = [
-    '../../_base_/models/linvit/linvit-tiny.py',
-    '../../_base_/datasets/imagenet_bs128_linvit_224_align.py',
-    '../../_base_/schedules/imagenet_bs1024_adamw_5e_align-attn.py',
-    'mmpretrain::_base_/default_runtime.py',
-]
+# Staged recipe, stage 1: attention alignment of a ttt ViT-T to the Softmax DeiT-T
+# (docs/staged.md, README.md here).
+_base_ = ['../../_base_/models/linvit/softmax-tiny.py', './_base_/align-attn_8xb128_in1k.py']
 
-model = dict(
-    _delete_=True,
-    type='AttentionAligner',
-    backbone=dict(type='LinearViT', arch='tiny', attn_type='ttt', img_size=224),
-    teacher={{_base_.distill_hook.teacher}},
-    loss_weight=1.0)
+model = dict(backbone=dict(arch='tiny', attn_type='ttt'), teacher={{_base_.distill_hook.teacher}})

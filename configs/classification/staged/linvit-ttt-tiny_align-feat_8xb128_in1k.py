@@ -1,22 +1,8 @@
-# Staged recipe, stage 2: feature alignment of the ttt ViT-Ti of stage 1 to the Softmax
-# DeiT-Ti: the whole student matches the teacher's final normed tokens (docs/staged.md).
-_base_ = [
-    '../../_base_/models/linvit/linvit-tiny.py',
-    '../../_base_/datasets/imagenet_bs128_linvit_224_align.py',
-    '../../_base_/schedules/imagenet_bs1024_adamw_10e_align-feat.py',
-    'mmpretrain::_base_/default_runtime.py',
-]
+# Staged recipe, stage 2: feature alignment of the ttt ViT-T of stage 1 to the Softmax
+# DeiT-T (docs/staged.md, README.md here).
+_base_ = ['../../_base_/models/linvit/softmax-tiny.py', './_base_/align-feat_8xb128_in1k.py']
 
 stage1_checkpoint = 'work_dirs/linvit-ttt-tiny_align-attn_8xb128_in1k/epoch_5.pth'
 model = dict(
-    _delete_=True,
-    type='FeatureAligner',
-    backbone=dict(
-        type='LinearViT',
-        arch='tiny',
-        attn_type='ttt',
-        img_size=224,
-        init_cfg=dict(type='LinearViTCheckpoint', checkpoint=stage1_checkpoint)),
-    teacher={{_base_.distill_hook.teacher}},
-    mse_weight=1.0,
-    cos_weight=0.0)
+    backbone=dict(arch='tiny', attn_type='ttt', init_cfg=dict(checkpoint=stage1_checkpoint)),
+    teacher={{_base_.distill_hook.teacher}})
