@@ -78,3 +78,41 @@ class ForwardClock:
     def remove(self):
         for handle in self.handles:
             handle.remove()
+
+
+def add_training_step_args(parser, iters, pair):
+    """The options of the tools that time a student's training step against another step.
+
+    ``iters``: the default number of timed pairs; ``pair``: what one pair is, for the help.
+    """
+    parser.add_argument('--arch', default='small', type=parse_arch,
+                        help='LinearViT arch name or a JSON dict (default: small)')
+    parser.add_argument('--attn-type', default='relu', help='student operator (default: relu)')
+    parser.add_argument('--batch-size', type=int, default=8)
+    parser.add_argument('--img-size', type=int, default=224)
+    parser.add_argument('--patch-size', type=int, default=16)
+    parser.add_argument('--num-classes', type=int, default=1000)
+    parser.add_argument('--iters', type=int, default=iters, help=f'timed pairs ({pair})')
+    parser.add_argument('--warmup', type=int, default=2, help='untimed pairs first')
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--amp', action='store_true',
+                        help='mixed precision: fp16 AmpOptimWrapper on CUDA, bf16 on CPU')
+    parser.add_argument('--threads', type=int, default=None,
+                        help='torch intra-op threads (default: torch default)')
+
+
+def check_training_step_args(parser, args):
+    """Refuse, through ``parser.error``, what :func:`add_training_step_args` options cannot
+    measure: no timed pair, an unknown or a Softmax student, CUDA where there is none."""
+    from linvit_mm.models.attention import attention_class, attention_types
+    if args.iters < 1 or args.warmup < 0 or args.batch_size < 1:
+        parser.error('--iters and --batch-size must be >= 1, --warmup >= 0')
+    try:
+        attention_class(args.attn_type)
+    except ValueError as err:
+        parser.error(str(err))
+    if args.attn_type == 'softmax':
+        parser.error('--attn-type softmax: the student would be its own teacher; choose a '
+                     f'linear operator ({", ".join(attention_types()[1:])})')
+    if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available():
+        parser.error('--device cuda: CUDA is not available on this machine')

@@ -50,7 +50,8 @@ from pathlib import Path
 
 import torch
 
-from linvit_mm.utils.benchmark import parse_arch, quiet_mmengine_logs, synchronise
+from linvit_mm.utils.benchmark import (add_training_step_args, check_training_step_args,
+                                       quiet_mmengine_logs, synchronise)
 
 TARGET_TIME_RATIO = 1.3
 TARGET_MEMORY_RATIO = 0.6
@@ -288,40 +289,15 @@ def format_report(args, result):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description='Cost of the attention-alignment step against a plain training step')
-    parser.add_argument('--arch', default='small', type=parse_arch,
-                        help='LinearViT arch name or a JSON dict (default: small)')
-    parser.add_argument('--attn-type', default='relu', help='student operator (default: relu)')
+    add_training_step_args(parser, iters=20, pair='one plain step, one alignment step')
     parser.add_argument('--layers', type=int, nargs='+', default=None,
                         help='blocks to align (default: all)')
-    parser.add_argument('--batch-size', type=int, default=8)
-    parser.add_argument('--img-size', type=int, default=224)
-    parser.add_argument('--patch-size', type=int, default=16)
-    parser.add_argument('--num-classes', type=int, default=1000)
-    parser.add_argument('--iters', type=int, default=20,
-                        help='timed pairs (one plain step, one alignment step)')
-    parser.add_argument('--warmup', type=int, default=2, help='untimed pairs first')
-    parser.add_argument('--device', default='cpu')
-    parser.add_argument('--amp', action='store_true',
-                        help='mixed precision: fp16 AmpOptimWrapper on CUDA, bf16 on CPU')
-    parser.add_argument('--threads', type=int, default=None,
-                        help='torch intra-op threads (default: torch default)')
     parser.add_argument('--no-memory', action='store_true', help='skip the peak memory')
     parser.add_argument('--json', dest='json_path', default=None,
                         help='also write the result (with every sample) to this JSON file')
     parser.add_argument('--probe-memory', choices=KINDS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0 or args.batch_size < 1:
-        parser.error('--iters and --batch-size must be >= 1, --warmup >= 0')
-    from linvit_mm.models.attention import attention_class, attention_types
-    try:
-        attention_class(args.attn_type)
-    except ValueError as err:
-        parser.error(str(err))
-    if args.attn_type == 'softmax':
-        parser.error('--attn-type softmax: the student would be its own teacher; choose a '
-                     f'linear operator ({", ".join(attention_types()[1:])})')
-    if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available():
-        parser.error('--device cuda: CUDA is not available on this machine')
+    check_training_step_args(parser, args)
     return args
 
 

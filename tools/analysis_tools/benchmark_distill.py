@@ -50,8 +50,9 @@ from datetime import datetime, timezone
 
 import torch
 
-from linvit_mm.utils.benchmark import (ForwardClock, parse_arch, quiet_mmengine_logs,
-                                      synchronise)
+from linvit_mm.utils.benchmark import (ForwardClock, add_training_step_args,
+                                       check_training_step_args, quiet_mmengine_logs,
+                                       synchronise)
 
 TARGET_RATIO = 1.35
 IMAGENET_MEAN = [123.675, 116.28, 103.53]
@@ -263,39 +264,13 @@ def plot(result, path, title):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description='Training-step cost of AttentionDistillHook, measured side by side')
-    parser.add_argument('--arch', default='small', type=parse_arch,
-                        help='LinearViT arch name or a JSON dict (default: small)')
-    parser.add_argument('--attn-type', default='relu',
-                        help='student operator (default: relu)')
-    parser.add_argument('--batch-size', type=int, default=8)
-    parser.add_argument('--img-size', type=int, default=224)
-    parser.add_argument('--patch-size', type=int, default=16)
-    parser.add_argument('--num-classes', type=int, default=1000)
+    add_training_step_args(parser, iters=30, pair='one step without, one with the hook')
     parser.add_argument('--loss-weight', type=float, default=50.0)
-    parser.add_argument('--iters', type=int, default=30,
-                        help='timed pairs (one step without, one with the hook)')
-    parser.add_argument('--warmup', type=int, default=2, help='untimed pairs first')
-    parser.add_argument('--device', default='cpu')
-    parser.add_argument('--amp', action='store_true',
-                        help='mixed precision: fp16 AmpOptimWrapper on CUDA, bf16 on CPU')
-    parser.add_argument('--threads', type=int, default=None,
-                        help='torch intra-op threads (default: torch default)')
     parser.add_argument('--json', dest='json_path', default=None,
                         help='also write the result (with every sample) to this JSON file, '
                         'and a plot beside it (same name, .png)')
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0 or args.batch_size < 1:
-        parser.error('--iters and --batch-size must be >= 1, --warmup >= 0')
-    from linvit_mm.models.attention import attention_class, attention_types
-    try:
-        attention_class(args.attn_type)
-    except ValueError as err:
-        parser.error(str(err))
-    if args.attn_type == 'softmax':
-        parser.error('--attn-type softmax: the student would be its own teacher; choose a '
-                     f'linear operator ({", ".join(attention_types()[1:])})')
-    if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available():
-        parser.error('--device cuda: CUDA is not available on this machine')
+    check_training_step_args(parser, args)
     return args
 
 
