@@ -14,6 +14,7 @@ from mmpretrain.models.utils import resize_pos_embed
 from torch import nn
 
 from linvit_mm.models import LinearViT, LinearViTAdapter
+from linvit_mm.models.attention import attention_class, attention_types
 from linvit_mm.models.adapters.multi_scale import deformable_inputs, flatten_maps, split_maps
 from linvit_mm.testing import assert_rel_close
 
@@ -434,3 +435,196 @@ def test_a_checkpoint_of_another_layout_is_refused_by_key(tmp_path):
     path, _ = classifier_checkpoint(tmp_path, 'softmax')
     with pytest.raises(ValueError, match=r'missing keys: backbone\.layers\.1\.attn\.feature_proj'):
         make_adapter(HYBRID, pretrained=str(path))
+
+
+# ---------------------------------------------------------------------------- sources
+# Each source's switches (patch size, registers, LayerScale, RoPE) at a test width and depth.
+# word -> (patch size, registers)
+SOURCES = {
+    'dinov2-small': (14, 0),
+    'dinov2-reg-small': (14, 4),
+    'dinov3-small': (16, 4),  # and RoPE
+}
+# Neither a multiple of 14 nor of 32, and not square: the ViT grid of patch 14 tiles 98 x 70
+# pixels of the 96 x 64 the levels tile.
+ODD_SIZE = (90, 61)
+
+
+def source_adapter(word, attn_type, dtype=torch.float32, **kwargs):
+    return make_adapter(attn_type, dtype=dtype,
+                        vit=dict(arch=dict(LinearViT.arch_zoo[word], **ARCH)), **kwargs)
+
+
+@pytest.mark.parametrize('hw', [ODD_SIZE, (64, 112)], ids=size_id)
+@pytest.mark.parametrize('attn_type', ['relu', 'ttt'])
+@pytest.mark.parametrize('word', SOURCES)
+def test_sources_give_four_maps_at_strides_4_to_32(word, attn_type, hw):
+    """Patch 14 or 16, registers and RoPE: the maps FPN and UperNet expect, ceil(H / s) x
+    ceil(W / s) at s = 4, 8, 16, 32, and every parameter trains."""
+    model = source_adapter(word, attn_type).train()
+    patch, registers = SOURCES[word]
+    # ttt pools the patch tokens and has no class token; the registers stay
+    with_cls_token = attention_class(attn_type).uses_cls_token
+    assert (model.vit.patch_size, model.vit.num_extra_tokens) == (
+        patch, registers + with_cls_token)
+    outs = model(images(hw, batch=2))
+    assert [tuple(out.shape) for out in outs] == [
+        (2, ARCH['embed_dims'], math.ceil(hw[0] / s), math.ceil(hw[1] / s)) for s in STRIDES]
+    sum(out.square().mean() for out in outs).backward()
+    no_grad = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not no_grad, f'parameters without gradient: {no_grad}'
+    assert model.vit.register_tokens is None or model.vit.register_tokens.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize('attn_type', attention_types())
+@pytest.mark.parametrize('word', ['dinov2-reg-small', 'dinov3-small'])
+def test_every_operator_builds_from_the_sources(word, attn_type):
+    """Every operator runs in the adapter at patch 14 with registers; with RoPE, those that
+    do not carry it are refused when built, naming the reason."""
+    operator = attention_class(attn_type)
+    if LinearViT.arch_zoo[word].get('rope') and not operator.supports_rope:
+        with pytest.raises(ValueError, match='does not carry RoPE'):
+            source_adapter(word, attn_type)
+        return
+    model = source_adapter(word, attn_type).eval()
+    with torch.no_grad():
+        outs = model(images(ODD_SIZE))
+    assert [tuple(out.shape[-2:]) for out in outs] == [(23, 16), (12, 8), (6, 4), (3, 2)]
+    assert all(torch.isfinite(out).all() for out in outs)
+
+
+@pytest.mark.parametrize('word', SOURCES)
+def test_zero_gamma_injector_leaves_a_source_vit_unchanged(word):
+    """Registers ride with the class token past injectors and extractors, and the blocks get
+    the ViT's own grid (RoPE's rotations, patch 14's ceil(H' / 14) cells): with gamma = 0
+    the adapter's ViT computes the plain ViT on the 32-padded image."""
+    model = source_adapter(word, 'relu', dtype=torch.float64).eval()
+    image = images(ODD_SIZE, dtype=torch.float64)
+    padded = nn.functional.pad(image, (0, 64 - 61, 0, 96 - 90))
+    with torch.no_grad():
+        expected = plain_vit_tokens(model.vit, padded, INTERACTIONS)
+        seen = vit_tokens_seen_by_extractors(model, image)
+    patch = model.vit.patch_size
+    assert expected[0].shape[1] == math.ceil(96 / patch) * math.ceil(64 / patch)
+    for i, (got, want) in enumerate(zip(seen, expected)):
+        assert_rel_close(got, want, 1e-12, name=f'ViT tokens after interaction {i}')
+
+
+def pixel_grid(shape, cell):
+    """``(1, 2, h, w)``: the (y, x) pixel position of each cell centre of a grid of ``cell``
+    pixels. Bilinear sampling reproduces a linear function exactly between cell centres, so
+    sampling this map at a point returns that point's position in pixels."""
+    ys = (torch.arange(shape[0], dtype=torch.float64) + 0.5) * cell
+    xs = (torch.arange(shape[1], dtype=torch.float64) + 0.5) * cell
+    grid_y, grid_x = torch.meshgrid(ys, xs, indexing='ij')
+    return torch.stack((grid_y, grid_x))[None]
+
+
+@pytest.mark.parametrize('query_cell, value_cell', [(14, 8), (8, 14), (16, 8), (8, 16)],
+                         ids=['vit14-to-stride8', 'stride8-to-vit14', 'vit16-to-stride8',
+                              'stride8-to-vit16'])
+def test_reference_points_match_positions_in_pixels(query_cell, value_cell):
+    """Queries on one grid sample the values at their own cell centres, in pixels, when the
+    two grids tile different areas of the same 96 x 64 image (patch 14 tiles 98 x 70). A
+    query lying between value cell centres gets back its pixel position exactly; with the
+    areas ignored (both taken as the unit square) patch 14's would be off by up to 2 px."""
+    image_hw = (96, 64)
+    query_shape, value_shape = ([math.ceil(s / cell) for s in image_hw]
+                                for cell in (query_cell, value_cell))
+    query_extent, value_extent = ([n * cell for n in shape] for shape, cell in (
+        (query_shape, query_cell), (value_shape, value_cell)))
+    value = flatten_maps([pixel_grid(value_shape, value_cell)])
+    queries = pixel_grid(query_shape, query_cell)
+    attn = identity_msda(2, num_levels=1)
+    inputs = deformable_inputs([query_shape], [value_shape], like=value,
+                               query_extent=query_extent, value_extent=value_extent)
+    sampled = attn(query=torch.zeros_like(flatten_maps([queries])), value=value,
+                   identity=value.new_zeros(()), **inputs._asdict())
+    sampled = split_maps(sampled, [query_shape])[0]
+    # the queries whose centres lie within the value centres' span (elsewhere zero padding)
+    lo, hi = value_cell / 2, [(n - 0.5) * value_cell for n in value_shape]
+    inside = ((queries[:, 0] >= lo) & (queries[:, 0] <= hi[0])
+              & (queries[:, 1] >= lo) & (queries[:, 1] <= hi[1]))[:, None].expand_as(queries)
+    assert inside.sum() >= 2 * 0.6 * queries[0, 0].numel()
+    assert_rel_close(sampled[inside], queries[inside], 1e-12, name='sampled pixel positions')
+    if query_extent != value_extent:
+        with pytest.raises(ValueError, match='give both'):
+            deformable_inputs([query_shape], [value_shape], like=value, query_extent=query_extent)
+    else:
+        plain = deformable_inputs([query_shape], [value_shape], like=value)
+        assert torch.equal(plain.reference_points, inputs.reference_points)
+
+
+def captured_reference_points(model, image):
+    """The reference points of the first injector's and extractor's deformable attention."""
+    captured = {}
+
+    def capture(name):
+        def hook(module, args, kwargs):
+            captured.setdefault(name, kwargs['reference_points'])
+        return hook
+
+    block = model.interactions[0]
+    hooks = [part.attn.register_forward_pre_hook(capture(name), with_kwargs=True)
+             for name, part in (('inject', block.injector), ('extract', block.extractor))]
+    try:
+        with torch.no_grad():
+            model(image)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return captured['inject'][0, :, 0], captured['extract'][0, :, 0]
+
+
+@pytest.mark.parametrize('word', ['dinov2-reg-small', 'dinov3-small'])
+def test_adapter_reference_points_are_cell_centres_in_pixels(word):
+    """The injector's ViT-cell queries point at their centres in the levels' 96 x 64 area;
+    the extractor's level-cell queries at theirs in the area the ViT grid tiles (98 x 70 at
+    patch 14). At patch 16 both areas are one: the points are the plain cell centres."""
+    model = source_adapter(word, 'relu').eval()
+    inject, extract = captured_reference_points(model, images(ODD_SIZE))
+    patch = model.vit.patch_size
+    vit_shape = (math.ceil(96 / patch), math.ceil(64 / patch))
+    vit_centres = pixel_grid(vit_shape, patch).flatten(2)[0].T.flip(-1)  # (x, y) in pixels
+    assert_rel_close(inject * inject.new_tensor([64, 96]), vit_centres.float(), 1e-6,
+                     name='injector reference points')
+    level_centres = torch.cat([pixel_grid((96 // s, 64 // s), s).flatten(2)[0].T.flip(-1)
+                               for s in (8, 16, 32)])
+    vit_extent = [vit_shape[1] * patch, vit_shape[0] * patch]
+    assert_rel_close(extract * extract.new_tensor(vit_extent), level_centres.float(), 1e-6,
+                     name='extractor reference points')
+    if patch == 16:
+        plain = deformable_inputs([vit_shape], [(12, 8), (6, 4), (3, 2)], like=inject)
+        assert torch.equal(inject, plain.reference_points[0, :, 0])
+
+
+@pytest.mark.parametrize('stride', STRIDES)
+@pytest.mark.parametrize('patch', [14, 16])
+def test_vit_map_is_resampled_in_pixels(patch, stride):
+    """add_vit_feature: the ViT map on a level's grid holds, at each level cell, the ViT
+    features at that cell's centre (a map of pixel positions comes back as the level's
+    pixel positions between ViT cell centres); at patch 16 it is the plain resize of the
+    ViT map to the level's size."""
+    model = source_adapter('dinov2-small' if patch == 14 else 'dinov3-small', 'relu')
+    vit_shape = (math.ceil(96 / patch), math.ceil(64 / patch))
+    level_shape = (96 // stride, 64 // stride)
+    resampled = model.resample_vit_map(pixel_grid(vit_shape, patch), stride, level_shape)
+    assert resampled.shape[-2:] == level_shape
+    level = pixel_grid(level_shape, stride)
+    lo, hi = patch / 2, [(n - 0.5) * patch for n in vit_shape]
+    inside = ((level[:, 0] >= lo) & (level[:, 0] <= hi[0])
+              & (level[:, 1] >= lo) & (level[:, 1] <= hi[1]))[:, None].expand_as(level)
+    assert inside.any()
+    assert_rel_close(resampled[inside], level[inside], 1e-12, name='resampled positions')
+    if patch == 16:
+        plain = nn.functional.interpolate(pixel_grid(vit_shape, patch), size=level_shape,
+                                          mode='bilinear', align_corners=False)
+        assert torch.equal(resampled, plain)
+
+
+def test_patch_embedding_must_pad_at_the_corner():
+    """A patch embedding that drops the remainder (or pads all round) would not tile the
+    image from its top-left corner, where the levels are matched to it."""
+    vit = dict(arch=dict(LinearViT.arch_zoo['dinov2-small'], **ARCH), patch_cfg=dict(padding=0))
+    with pytest.raises(ValueError, match="padding='corner'.*got 0"):
+        make_adapter('relu', vit=vit)

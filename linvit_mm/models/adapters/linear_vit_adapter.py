@@ -224,6 +224,13 @@ class LinearViTAdapter(BaseModule):
         if not isinstance(model, LinearViT):
             raise TypeError(f'vit must build a LinearViT (its block runner embed/layers is what '
                             f'the adapter drives), got {type(model).__name__}')
+        # The ViT grid is matched to the levels as tiling grid * patch_size pixels from the
+        # top-left corner: only bottom-right padding to whole patches keeps that true.
+        padding = getattr(model.patch_embed, 'adaptive_padding', None)
+        if getattr(padding, 'padding', None) != 'corner':
+            raise ValueError(f"vit.patch_cfg must keep the patch embedding's padding='corner' "
+                             f'(pad bottom and right to whole patches), got '
+                             f"{cfg.get('patch_cfg', {}).get('padding')!r}")
         return model
 
     def _check_interaction_indexes(self, indexes):
