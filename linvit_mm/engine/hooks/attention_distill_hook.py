@@ -11,6 +11,7 @@ from mmengine.registry import HOOKS, DefaultScope
 from mmengine.utils import to_2tuple
 
 from linvit_mm.models.attention import BaseAttention, attention_class
+from linvit_mm.utils.blocks import block_index_list, is_block_index
 
 
 class _Recorder:
@@ -72,10 +73,6 @@ def _patch_size(model):
         if size is not None:
             return to_2tuple(size)
     return None
-
-
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def align_tokens(student, teacher, num_patches, patch_only, is_map=False):
@@ -160,13 +157,13 @@ class AttentionDistillHook(Hook):
         self.teacher_cfg = teacher
         self.loss_weight = self._check_loss_weight(loss_weight)
         self.target = target
-        self.layers = self._check_layers(layers)
+        self.layers = block_index_list(layers, 'distil')
         if patch_tokens_only not in (None, True, False):
             raise TypeError(f'patch_tokens_only must be None (automatic), True or False, got '
                             f'{patch_tokens_only!r}')
         self.patch_tokens_only = patch_tokens_only
         for name, value in (('stop_epoch', stop_epoch), ('stop_iter', stop_iter)):
-            if value is not None and not (_is_int(value) and value >= 0):
+            if value is not None and not (is_block_index(value) and value >= 0):
                 raise ValueError(f'{name} must be None (never stop) or an int >= 0 (0-based, '
                                  f'distillation is off from that {name[5:]} on), got {value!r}')
         self.stop_epoch = stop_epoch
@@ -193,21 +190,6 @@ class AttentionDistillHook(Hook):
             raise ValueError(f'loss_weight must be a finite number >= 0 (lambda, 50 in the '
                              f'paper; 0 switches the distillation loss off), got {loss_weight!r}')
         return float(loss_weight)
-
-    @staticmethod
-    def _check_layers(layers):
-        if layers is None:
-            return None
-        if isinstance(layers, (str, bytes)) or not hasattr(layers, '__iter__'):
-            raise TypeError(f'layers must be a list of block indices, got {layers!r}')
-        layers = list(layers)
-        if not layers:
-            raise ValueError('layers=[] selects no block to distil; list the block indices, or '
-                             'leave layers unset (None) to distil every block')
-        bad = [i for i in layers if not _is_int(i)]
-        if bad:
-            raise TypeError(f'layers must be block indices (ints), got {bad} in {layers}')
-        return layers
 
     # ------------------------------------------------------------------ setup
     @staticmethod

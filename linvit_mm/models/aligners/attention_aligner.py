@@ -7,12 +7,9 @@ import torch.nn.functional as F
 from mmpretrain.registry import MODELS
 from torch.utils.checkpoint import checkpoint
 
+from ...utils.blocks import block_index_list
 from ..attention import attention_class
 from .base_aligner import BaseAligner
-
-
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @MODELS.register_module()
@@ -106,15 +103,7 @@ class AttentionAligner(BaseAligner):
                 raise ValueError('the student has no linear-attention block to align (all its '
                                  'blocks are Softmax, the teacher\'s operator)')
             return linear_blocks
-        if isinstance(layers, (str, bytes)) or not hasattr(layers, '__iter__'):
-            raise TypeError(f'layers must be a list of block indices, got {layers!r}')
-        layers = list(layers)
-        if not layers:
-            raise ValueError('layers=[] selects no block to align; list block indices, or '
-                             'leave layers unset (None) to align every block')
-        bad_type = [i for i in layers if not _is_int(i)]
-        if bad_type:
-            raise TypeError(f'layers must be block indices (ints), got {bad_type} in {layers}')
+        layers = block_index_list(layers, 'align')
         outside = [i for i in layers if not -num_blocks <= i < num_blocks]
         if outside:
             raise ValueError(f'layers {outside} are outside the {num_blocks} blocks of the '

@@ -18,15 +18,12 @@
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from ...utils.blocks import is_block_index
 from ..attention import attention_class
 
 DEFAULT_KEY = 'default'
 SOFTMAX = 'softmax'
 _JOIN, _AT, _SEP = '+', '@', ','
-
-
-def _is_index(value):
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_name(name, where):
@@ -106,7 +103,7 @@ def _resolve_dict(layout, num_layers):
             raise TypeError(f'attn_type[{name!r}] must be a list of block indices, got '
                             f'{indices!r}')
         for index in indices:
-            if not _is_index(index):
+            if not is_block_index(index):
                 raise TypeError(f'attn_type[{name!r}] holds {index!r}; block indices are ints')
             if not -num_layers <= index < num_layers:
                 raise ValueError(f'attn_type[{name!r}] holds block {index}, outside the '
