@@ -24,6 +24,53 @@ TINY_ARCH = dict(embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=
 # Four blocks: the segmentation adapter adds interaction i's output to level i.
 DENSE_ARCH = dict(TINY_ARCH, num_layers=4)
 IMG = 32  # classification input side; two 16-pixel patches a side
+# The timm model of each foundation-model source a kept config copies from; its tiny
+# checkpoint keeps every switch of the family (patch size, registers, RoPE, LayerScale).
+SOURCE_TIMM_MODELS = {
+    'dinov2-small': 'vit_small_patch14_dinov2',
+    'dinov2-base': 'vit_base_patch14_dinov2',
+    'dinov2-large': 'vit_large_patch14_dinov2',
+    'dinov3-small': 'vit_small_patch16_dinov3',
+    'dinov3-base': 'vit_base_patch16_dinov3',
+}
+
+
+def source_word(vit):
+    """The arch word of a foundation-model source that ``vit`` names, else None."""
+    from linvit_mm.models import LinearViT
+    from linvit_mm.models.backbones.linear_vit import ARCH_ESSENTIALS
+    arch = vit.get('arch')
+    if isinstance(arch, str) and set(LinearViT.arch_zoo.get(arch, {})) - set(ARCH_ESSENTIALS):
+        return arch
+    return None
+
+
+def shrink_vit(vit, sizes, patch_size=None):
+    """Test sizes for a LinearViT config; a source's arch word keeps its switches (its
+    patch size included), another ViT gets ``patch_size`` where one is given."""
+    from linvit_mm.models import LinearViT
+    word = source_word(vit)
+    if word is None:
+        vit.update(arch=dict(sizes))
+        if patch_size is not None:
+            vit.update(patch_size=patch_size)
+    else:
+        vit.update(arch=dict(LinearViT.arch_zoo[word], **sizes), patch_size=None)
+    return word
+
+
+def source_checkpoint(word, folder):
+    """A tiny timm checkpoint of ``word``'s family at TINY_ARCH's sizes (written once)."""
+    import timm
+    path = Path(folder) / f'{word}_for_configs.pth'
+    if not path.exists():
+        torch.manual_seed(0)
+        model = timm.create_model(SOURCE_TIMM_MODELS[word], pretrained=False, img_size=IMG,
+                                  num_classes=0, embed_dim=TINY_ARCH['embed_dims'],
+                                  depth=TINY_ARCH['num_layers'],
+                                  num_heads=TINY_ARCH['num_heads'], mlp_ratio=2)
+        torch.save(model.state_dict(), path)
+    return str(path)
 
 
 def config_id(path):
@@ -50,10 +97,11 @@ def classification_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp('cls_stage')
     paths = {}
 
-    def get(attn_type, patch_size, with_cls_token=None):
-        key = repr(attn_type), patch_size, with_cls_token  # a hybrid's attn_type is a dict
+    def get(attn_type, patch_size, with_cls_token=None, arch=DENSE_ARCH):
+        # a hybrid's attn_type and a source's arch are dicts
+        key = repr(attn_type), patch_size, with_cls_token, repr(arch)
         if key not in paths:
-            vit = LinearViT(arch=DENSE_ARCH, attn_type=attn_type, img_size=224,
+            vit = LinearViT(arch=arch, attn_type=attn_type, img_size=224,
                             patch_size=patch_size, with_cls_token=with_cls_token)
             vit.init_weights()
             state = {f'backbone.{k}': v for k, v in vit.state_dict().items()}
@@ -126,7 +174,10 @@ def run_classification(cfg, softmax_checkpoint, staged_checkpoints=None):
     backbone = cfg.model.backbone
     lora = backbone.type == 'LoRAModel'  # mmpretrain's LoRA around the LinearViT
     vit = backbone.module if lora else backbone
-    vit.update(arch=TINY_ARCH, img_size=IMG, patch_size=16)
+    vit.update(img_size=IMG)
+    word = shrink_vit(vit, TINY_ARCH, patch_size=16)
+    if word is not None:  # copied from a tiny checkpoint of the source's family
+        softmax_checkpoint = source_checkpoint(word, Path(softmax_checkpoint).parent)
     retarget_transfer(vit.get('init_cfg') or [], softmax_checkpoint)
     retarget_staged(vit, staged_checkpoints)
     cfg.model.head.in_channels = TINY_ARCH['embed_dims']
@@ -134,6 +185,10 @@ def run_classification(cfg, softmax_checkpoint, staged_checkpoints=None):
         retarget_transfer(cfg.model.head.init_cfg, softmax_checkpoint)
     model = MODELS.build(cfg.model)
     model.init_weights()
+    if word is not None:
+        from linvit_mm.models import LinearViT
+        assert model.backbone.patch_size == LinearViT.arch_zoo[word]['patch_size']
+        assert model.backbone.transfer_report['copied']  # from the source's checkpoint
     if lora:
         from linvit_mm.staged import unmatched_lora_targets
         assert not unmatched_lora_targets(model.backbone)
@@ -151,7 +206,8 @@ def run_classification(cfg, softmax_checkpoint, staged_checkpoints=None):
     for hook in cfg.get('custom_hooks', []):
         if hook['type'] == 'AttentionDistillHook':
             teacher_cfg = hook['teacher']
-            teacher_cfg.update(arch=TINY_ARCH, img_size=IMG, patch_size=16)
+            teacher_cfg.update(img_size=IMG)
+            assert shrink_vit(teacher_cfg, TINY_ARCH, patch_size=16) == word  # same source
             retarget_transfer(teacher_cfg.init_cfg, softmax_checkpoint)
             teacher = MODELS.build(teacher_cfg)
             teacher.init_weights()
@@ -180,7 +236,7 @@ def run_aligner(cfg, softmax_checkpoint, staged_checkpoints):
 
 def shrink_adapter(cfg, checkpoint):
     backbone = cfg.model.backbone
-    backbone.vit.update(arch=DENSE_ARCH)
+    shrink_vit(backbone.vit, DENSE_ARCH)
     backbone.update(interaction_indexes=[[0, 0], [1, 1], [2, 2], [3, 3]], deform_num_heads=2,
                     deform_ratio=1.0, conv_inplane=8, pretrained=checkpoint)
 
@@ -243,15 +299,22 @@ def run_segmentation(cfg, checkpoint):
 
 
 def test_every_operator_and_size_has_its_imagenet_recipe():
-    """The ImageNet stage that a detector or segmenter of each operator and size starts from
-    is a config of the repository (other combinations: tools/misc/make_config.py)."""
+    """The ImageNet stage that a detector or segmenter of each operator and DeiT size starts
+    from, and that of every kept detector and segmenter (the foundation-model sources keep
+    relu and ttt), is a config of the repository (others: tools/misc/make_config.py)."""
     from linvit_mm.models.attention import attention_types
-    sizes = [p.stem.split('-')[1]
-             for p in (CONFIG_ROOT / '_base_/models/linvit').glob('linvit-*.py')
+    bases = [p for p in (CONFIG_ROOT / '_base_/models/linvit').glob('linvit-*.py')
              if p.stem != 'linvit-classifier']
+    sizes = [p.stem[len('linvit-'):] for p in bases
+             if source_word(Config.fromfile(str(p)).model.backbone) is None]
+    assert {'tiny', 'small', 'base'} <= set(sizes)
     setting = {'softmax': 'fullcopy'}
     missing = [f'linvit-{op}-{size}_{setting.get(op, "fullcopy-distill")}_32xb128_in1k.py'
                for op in attention_types() for size in sizes]
+    for dense in ('detection', 'segmentation'):
+        for config in (CONFIG_ROOT / dense).glob('*.py'):
+            stage = Config.fromfile(str(config)).linvit_checkpoint.split('/')[1]
+            missing.append(f'{stage}.py')
     missing = [name for name in missing
                if not (CONFIG_ROOT / 'classification/imagenet' / name).is_file()]
     assert not missing, (f'no ImageNet config for {missing}: write them with '
@@ -279,6 +342,12 @@ def build_and_run(cfg, softmax_checkpoint, classification_checkpoints, staged_ch
             # the demo's mini ViT uses 8-pixel patches; the checkpoint must match the model
             checkpoint = classification_checkpoints(vit.attn_type, vit.get('patch_size', 16),
                                                     vit.get('with_cls_token'))
+            if source_word(vit) is not None:  # the source's switches, at the test's sizes
+                shrunk = dict(vit)
+                shrink_vit(shrunk, DENSE_ARCH)
+                checkpoint = classification_checkpoints(vit.attn_type, None,
+                                                        vit.get('with_cls_token'),
+                                                        arch=shrunk['arch'])
             model = (run_detection if scope == 'mmdet' else run_segmentation)(cfg, checkpoint)
         build_optim_wrapper(model, cfg.optim_wrapper)
         return model
@@ -368,7 +437,10 @@ WRITTEN = ['linvit-softmax-base_random-distill_32xb128_in1k',  # Softmax with a 
            'mask-rcnn_linvit-adapter-relu-hybrid-tiny_fpn_1x_coco',
            'upernet_linvit-adapter-relu-hybrid-base_8xb2-160k_ade20k-512x512',
            # a hybrid whose operator has no class token (pooled, Softmax on the patches)
-           'upernet_linvit-adapter-ttt-hybrid-small_8xb2-160k_ade20k-512x512']
+           'upernet_linvit-adapter-ttt-hybrid-small_8xb2-160k_ade20k-512x512',
+           # foundation-model sources: another operator and data set, a hybrid detector
+           'linvit-mhla-dinov2-small_mlpcopy-distill_8xb64_pets',
+           'mask-rcnn_linvit-adapter-relu-hybrid-dinov3-small_fpn_1x_coco']
 
 
 @pytest.fixture(scope='module')

@@ -55,7 +55,8 @@ _OP = r'(?P<op>[a-z0-9_]+)(?P<hybrid>-hybrid)?'
 # are the usual choice (the first block's attention mixes raw patch embeddings, the last
 # one's feeds the head) and the one that holds for any depth.
 HYBRID_SOFTMAX_BLOCKS = (0, -1)
-_SIZE = r'(?P<size>[a-z0-9]+)'
+# A size base's name: a DeiT size (small) or a foundation-model source's (dinov2-small).
+_SIZE = r'(?P<size>[a-z0-9]+(?:-[a-z0-9]+)*)'
 _SETTING = r'(?P<setting>[a-z0-9]+)(?P<distill>-distill)?'
 
 

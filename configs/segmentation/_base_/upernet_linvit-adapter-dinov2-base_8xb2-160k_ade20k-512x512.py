@@ -1,0 +1,7 @@
+# UperNet, ADE20K 160k, with a ViT-Adapter around a LinearViT of the dinov2-base source: the
+# ViT-Base recipe with the source's arch word (patch size, registers, LayerScale, RoPE; the
+# adapter matches a patch-14 grid to its levels in pixels). A config names the attention
+# operator and the ImageNet-stage checkpoint of the same operator and source.
+_base_ = './upernet_linvit-adapter-base_8xb2-160k_ade20k-512x512.py'
+
+model = dict(backbone=dict(vit=dict(arch='dinov2-base')))
