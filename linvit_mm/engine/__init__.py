@@ -1,11 +1,16 @@
 """Runner-side pieces: the distillation and finite-loss hooks, optimizer wrappers and
-constructors (registered in mmengine's root registries on import, so every scope finds
-them) and the atomic checkpoint file backend (``backend_args=dict(backend='atomic_local')``).
+constructors, the FSDP strategy and block wrap policy (registered in mmengine's root registries on
+import, so every scope finds them) and the atomic checkpoint file backend
+(``backend_args=dict(backend='atomic_local')``).
 """
 from .fileio import AtomicLocalBackend
+from .fsdp_strategy import ParamGroupFSDPStrategy
+from .fsdp_wrap import linvit_block_wrap_policy
 from .hooks import AttentionDistillHook, FiniteLossHook
 from .optim_wrapper import CPUAmpOptimWrapper
 from .optimizers import BackboneLayerDecayOptimWrapperConstructor
+from .sharded_optim_wrapper import ShardedOptimWrapper
 
 __all__ = ['AtomicLocalBackend', 'AttentionDistillHook',
-           'BackboneLayerDecayOptimWrapperConstructor', 'CPUAmpOptimWrapper', 'FiniteLossHook']
+           'BackboneLayerDecayOptimWrapperConstructor', 'CPUAmpOptimWrapper', 'FiniteLossHook',
+           'ParamGroupFSDPStrategy', 'ShardedOptimWrapper', 'linvit_block_wrap_policy']

@@ -37,7 +37,8 @@ def configure_device(cfg, launcher):
     Without CUDA: SyncBN -> BN and, for ``--launcher pytorch``, a gloo process
     group created before the Runner (mmengine's own init calls
     ``torch.cuda.set_device``) and a DDP wrapper without ``device_ids`` (mmengine
-    passes the local rank, which CPU modules reject).
+    passes the local rank, which CPU modules reject); for a ``FlexibleRunner``, its
+    FSDP strategy's wrapper on ``device_id='cpu'`` (DDP's without ``device_ids``).
     """
     notes = []
     if torch.cuda.is_available():
@@ -51,15 +52,40 @@ def configure_device(cfg, launcher):
     if launcher == 'pytorch':
         if not dist.is_initialized():
             dist.init_process_group(backend='gloo')
-        wrapper = dict(cfg.get('model_wrapper_cfg') or dict(type='MMDistributedDataParallel'))
-        wrapper['device_ids'] = None
-        cfg.model_wrapper_cfg = wrapper
+        if cfg.get('runner_type') == 'FlexibleRunner' and cfg.get('strategy'):
+            notes.append(_cpu_strategy(cfg.strategy))
+        else:
+            wrapper = dict(cfg.get('model_wrapper_cfg')
+                           or dict(type='MMDistributedDataParallel'))
+            wrapper['device_ids'] = None
+            cfg.model_wrapper_cfg = wrapper
         notes.append(f'no CUDA: gloo process group, rank {dist.get_rank()} of '
                      f'{dist.get_world_size()}')
     elif launcher != 'none':
         raise RuntimeError(f'--launcher {launcher} needs CUDA; on a CPU machine use '
                            f'--launcher pytorch (torchrun, gloo)')
     return notes
+
+
+def _cpu_strategy(strategy):
+    """A FlexibleRunner strategy on CPU processes: mmengine gives FSDP the local rank as
+    ``device_id`` and DDP as ``device_ids``, both CUDA device indices."""
+    from mmengine._strategy import DDPStrategy, FSDPStrategy
+    from mmengine.registry import STRATEGIES
+    strategy_type = strategy.get('type')
+    strategy_cls = STRATEGIES.get(strategy_type) if isinstance(strategy_type, str) \
+        else strategy_type
+    kind = getattr(strategy_cls, '__name__', str(strategy_type))
+    wrapper = dict(strategy.get('model_wrapper') or {})
+    if isinstance(strategy_cls, type) and issubclass(strategy_cls, FSDPStrategy):
+        wrapper['device_id'] = 'cpu'
+    elif isinstance(strategy_cls, type) and issubclass(strategy_cls, DDPStrategy):
+        wrapper['device_ids'] = None
+    else:
+        raise RuntimeError(f'no CUDA: the {kind} strategy has no CPU path here; FSDPStrategy, '
+                           f'DDPStrategy and their subclasses run on CPU processes (gloo)')
+    strategy.model_wrapper = wrapper
+    return f'no CUDA: {kind} on CPU processes ({wrapper})'
 
 
 def configure_amp(cfg):

@@ -96,3 +96,25 @@ def test_the_demo_runtime_has_both_itself():
     assert cfg.default_hooks.check_loss == dict(type='FiniteLossHook')
     assert cfg.default_hooks.checkpoint.backend_args == ATOMIC
     assert add_training_safeguards(cfg) == []
+
+
+# ---------------------------------------------------------------------------- CPU strategies
+@pytest.mark.parametrize('strategy, key, value', [
+    (dict(type='FSDPStrategy'), 'device_id', 'cpu'),
+    (dict(type='ParamGroupFSDPStrategy', model_wrapper=dict(use_orig_params=True)),
+     'device_id', 'cpu'),
+    (dict(type='DDPStrategy'), 'device_ids', None),
+], ids=['fsdp', 'fsdp-subclass', 'ddp'])
+def test_a_flexible_runner_strategy_runs_on_cpu_processes(strategy, key, value):
+    """mmengine gives the wrapper the local rank, a CUDA index; on CPU it gets the CPU."""
+    from linvit_mm.engine.launch import _cpu_strategy
+    strategy = Config(dict(strategy=strategy)).strategy
+    note = _cpu_strategy(strategy)
+    assert strategy.model_wrapper[key] == value and strategy.type in note
+    assert strategy.model_wrapper.get('use_orig_params', True)  # the rest is kept
+
+
+def test_a_strategy_without_a_cpu_path_is_refused():
+    from linvit_mm.engine.launch import _cpu_strategy
+    with pytest.raises(RuntimeError, match='DeepSpeedStrategy strategy has no CPU path'):
+        _cpu_strategy(Config(dict(strategy=dict(type='DeepSpeedStrategy'))).strategy)
