@@ -71,11 +71,29 @@ def test_written_dense_config_starts_from_the_imagenet_stage_of_its_operator(mak
         'mask-rcnn_linvit-adapter-mhla-base_fpn_1x_coco')[1]
 
 
+@pytest.mark.parametrize('name, op, hybrid, size', [
+    ('linvit-relu-dinov2-small_fullcopy-distill_32xb128_in1k', 'relu', None, 'dinov2-small'),
+    ('mask-rcnn_linvit-adapter-ttt-hybrid-dinov3-base_fpn_1x_coco', 'ttt', '-hybrid',
+     'dinov3-base'),
+    ('linvit-relu-hybrid-small_fullcopy-distill_32xb128_in1k', 'relu', '-hybrid', 'small'),
+])
+def test_a_source_is_a_size_with_a_hyphen(make_config, name, op, hybrid, size):
+    """A foundation-model source's base (dinov2-small) reads as the size field, beside an
+    operator and a hybrid; its dense configs start from its own ImageNet stage."""
+    _, fields, _ = make_config.parse(name)
+    assert (fields['op'], fields['hybrid'], fields['size']) == (op, hybrid, size)
+    if name.startswith('mask-rcnn'):
+        text = make_config.render(name)[1]
+        assert 'mask-rcnn_linvit-adapter-dinov3-base_fpn_1x_coco.py' in text
+        assert 'linvit-ttt-hybrid-dinov3-base_fullcopy-distill_32xb128_in1k/epoch_300' in text
+
+
 @pytest.mark.parametrize('name, message', [
     ('linvit-ttt-small_mimetic_32xb128_in1k', "mimetic setting is not defined for the 'ttt'"),
     ('linvit-gelu-small_copy_32xb128_in1k', "unknown attention operator 'gelu'; registered"),
     ('linvit-relu-huge_copy_32xb128_in1k', "no size 'huge' in configs/ for "
-     'classification/imagenet; valid: base, small, tiny'),
+     'classification/imagenet; valid: base, dinov2-base, dinov2-large, dinov2-small, '
+     'dinov3-base, dinov3-small, small, tiny'),
     ('linvit-relu-small_halfcopy_32xb128_in1k', "unknown transfer setting 'halfcopy'"),
     ('linvit-relu-small_copy_8xb64_mnist', "no dataset 'mnist'"),
     ('linvit-relu-small_32xb128_in1k-c', "no testset 'c' in configs/ for "
