@@ -24,9 +24,10 @@ or any process that imported ``linvit_mm``, read those). The names, by folder:
 attention in the first and last blocks (``attn_type=dict(default=op, softmax=[0, -1])``:
 blocks 0 and 11 of the 12 of every size; ``HYBRID_SOFTMAX_BLOCKS``); ``setting`` any setting of
 ``linvit_mm.transfer`` (Mimetic and Impulse only for operators with a QK^T form); ``size``,
-``set`` and ``test set`` whatever has a base in ``configs/``. A detector or segmenter starts
-from the ImageNet stage of its operator and size, ``fullcopy-distill`` (``fullcopy`` for
-softmax, which has no teacher to learn from).
+``set`` and ``test set`` whatever has a base in ``configs/`` (a size is a DeiT size,
+``small``, or a foundation-model source, ``dinov2-small``, whose bases carry its arch word
+and release). A detector or segmenter starts from the ImageNet stage of its operator and
+size, ``fullcopy-distill`` (``fullcopy`` for softmax, which has no teacher to learn from).
 
 ``--check`` compares every config of those folders with what this script writes for its
 name and exits with 1 naming each one that differs (the test suite runs it).
