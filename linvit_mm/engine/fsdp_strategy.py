@@ -6,6 +6,8 @@ from mmengine.config import ConfigDict
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import STRATEGIES
 
+from .sharded_optim_wrapper import ShardedOptimWrapper
+
 
 @STRATEGIES.register_module()
 class ParamGroupFSDPStrategy(FSDPStrategy):
@@ -21,9 +23,29 @@ class ParamGroupFSDPStrategy(FSDPStrategy):
     ``FSDPStrategy``'s (arguments included).
     """
 
+    # Strategies under which every gradient element lives on exactly one rank, which
+    # ShardedOptimWrapper's norm over all ranks assumes (NO_SHARD and the hybrid ones
+    # replicate gradients, and the sum would count them several times).
+    DISJOINT_SHARDING = ('FULL_SHARD', 'SHARD_GRAD_OP')
+
     def prepare(self, model, *, optim_wrapper=None, **kwargs):
+        self.check_clipping(optim_wrapper)
         self._optim_wrapper_cfg = optim_wrapper
         return super().prepare(model, optim_wrapper=optim_wrapper, **kwargs)
+
+    def check_clipping(self, optim_wrapper):
+        """Refuse ``ShardedOptimWrapper`` with a sharding strategy that replicates gradients."""
+        if not (isinstance(optim_wrapper, (dict, ConfigDict))
+                and optim_wrapper.get('type') in ('ShardedOptimWrapper', ShardedOptimWrapper)):
+            return
+        sharding = (self.model_wrapper or {}).get('sharding_strategy', 'FULL_SHARD')
+        name = getattr(sharding, 'name', sharding)
+        if name not in self.DISJOINT_SHARDING:
+            raise ValueError(
+                f'ShardedOptimWrapper clips by the norm over all ranks\' gradient shards, which '
+                f'needs each gradient element on one rank (sharding_strategy '
+                f'{" or ".join(self.DISJOINT_SHARDING)}); sharding_strategy={name!r} replicates '
+                f'them. Use optim_wrapper=dict(type=\'OptimWrapper\') with it.')
 
     def _wrap_model(self, model):
         cfg = getattr(self, '_optim_wrapper_cfg', None)

@@ -2,6 +2,7 @@
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -66,3 +67,15 @@ def test_one_process_and_value_clipping_are_the_plain_ones():
     wrapper = ShardedOptimWrapper(torch.optim.SGD([param], lr=1.0),
                                   clip_grad=dict(type='value', clip_value=0.1))
     assert wrapper.clip_func is torch.nn.utils.clip_grad_value_
+
+
+@pytest.mark.parametrize('sharding', ['NO_SHARD', 'HYBRID_SHARD'])
+def test_a_strategy_that_replicates_gradients_is_refused(sharding):
+    """The norm over all ranks would count replicated gradients once per rank."""
+    from linvit_mm.engine.fsdp_strategy import ParamGroupFSDPStrategy
+    strategy = ParamGroupFSDPStrategy(model_wrapper=dict(sharding_strategy=sharding))
+    with pytest.raises(ValueError, match=f"sharding_strategy='{sharding}' replicates"):
+        strategy.check_clipping(dict(type='ShardedOptimWrapper', optimizer=dict(type='SGD')))
+    strategy.check_clipping(dict(type='OptimWrapper', optimizer=dict(type='SGD')))
+    ParamGroupFSDPStrategy(model_wrapper=dict(sharding_strategy='SHARD_GRAD_OP')).check_clipping(
+        dict(type='ShardedOptimWrapper', optimizer=dict(type='SGD')))
