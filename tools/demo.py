@@ -1,6 +1,7 @@
 """The whole linvit_mm recipe at small scale, on CPU, from nothing.
 
-    python tools/demo.py [--attn-type relu] [--work-dir work_dirs/demo] [--seeds 0 1 2]
+    python tools/demo.py [--attn-type relu] [--source vit|dinov2] [--work-dir work_dirs/demo]
+                         [--seeds 0 1 2]
 
 1. writes the generated mini data sets (ImageNet / COCO / ADE20K layouts);
 2. pre-trains a small Softmax ViT on a shapes set (the teacher);
@@ -15,7 +16,9 @@
 
 Every stage runs the same ``tools/train.py`` / ``tools/test.py`` and the configs in
 ``configs/demo/`` (thin overrides of the real ones). A stage already run with the same
-options is reused; ``--force`` redoes everything.
+options is reused; ``--force`` redoes everything. ``--source dinov2`` gives the teacher, and
+so every ViT of the demo, DINOv2's shape (patch 14, registers, LayerScale) at the same small
+sizes: the configs of ``configs/demo`` reshaped and written into ``<work-dir>/configs``.
 """
 import argparse
 import collections
@@ -24,6 +27,7 @@ import json
 import math
 import os
 import os.path as osp
+import pprint
 import re
 import statistics
 import subprocess
@@ -38,6 +42,18 @@ TEACHER_CONFIG = 'linvit-softmax-mini_random_1xb32_mini-shapes.py'
 DET_CONFIG = 'mask-rcnn_linvit-adapter-relu-mini_fpn_mini-coco.py'
 SEG_CONFIG = 'upernet_linvit-adapter-relu-mini_mini-ade.py'
 MERGE_LORA = osp.join('tools', 'model_converters', 'merge_lora.py')
+
+# The shape of the demo's teacher (and so of its students, the distillation and alignment
+# teachers and the adapter's ViT): None keeps configs/demo as it is, a ViT like DeiT's (class
+# token, position embedding, patch 8 on 64 px images); otherwise the LinearViT arch word
+# whose architecture switches the demo's ViTs take at their own small sizes, and the image
+# size the classification pipelines resize to. 'dinov2' has DINOv2's with registers: patch
+# 14, 4 register tokens, LayerScale, position slots for the patches only; 112 px keeps the
+# default's 8 x 8 grid of patches.
+SOURCES = {
+    'vit': None,
+    'dinov2': dict(arch_word='dinov2-reg-small', img_size=112),
+}
 
 # The sets the demo writes under --data-root beside the default ones (make_mini_all), each a
 # name (the folder), the generator of linvit_mm.testing.mini_data and its parameters. The
@@ -85,6 +101,9 @@ PROGRESS = re.compile(r'Iter\(train\)|Epoch\(train\)|accuracy/top1|bbox_mAP_copy
 # stays, it says how long the stage has left.
 HIDDEN_FIELDS = re.compile(r'\s+(base_lr|data_time|grad_norm): \S+')
 _print_lock = threading.Lock()
+# Config.fromfile is not thread-safe (pkg_resources, which it asks whether a scope's package is
+# installed, fails under concurrent calls); the transfer runs' threads read configs through it.
+_config_lock = threading.Lock()
 
 
 def log(message):
@@ -136,6 +155,119 @@ def write_data_sets(data_root):
     return summaries
 
 
+# ----------------------------------------------------------------------------- sources
+def source_arch(arch, source):
+    """The arch dict of ``source``'s arch word at the sizes of ``arch`` (an arch dict or word
+    of LinearViT): the four sizes kept, every architecture switch the source's."""
+    from linvit_mm.models.backbones.linear_vit import ARCH_ESSENTIALS, LinearViT
+    sizes = LinearViT.resolve_arch(arch)
+    shaped = LinearViT.resolve_arch(SOURCES[source]['arch_word'])
+    shaped.update({key: sizes[key] for key in ARCH_ESSENTIALS})
+    return shaped
+
+
+def _reshape_vit(vit, source):
+    arch = source_arch(dict(vit['arch']) if isinstance(vit['arch'], dict) else vit['arch'],
+                       source)
+    # An explicit switch of the demo's own ViT (its patch size) gives way to the source's,
+    # which LinearViT would otherwise refuse as contradicting the arch.
+    for key in set(arch) & set(vit):
+        vit.pop(key)
+    vit['arch'] = arch
+    vit['img_size'] = SOURCES[source]['img_size']
+
+
+def _resize_classification_pipeline(pipeline, img_size):
+    """Crop or resize a classification pipeline's images to ``img_size`` (the generated sets
+    are 64 px)."""
+    sized = False
+    for step in pipeline:
+        if step['type'] == 'RandomResizedCrop':
+            step['scale'] = img_size
+            sized = True
+        elif 'Resize' in step['type'] or 'Crop' in step['type']:
+            raise ValueError(f'a classification pipeline with {step["type"]} cannot be '
+                             f'resized for another source; give it a RandomResizedCrop or '
+                             f'no resize')
+    if not sized:
+        loads = [i for i, step in enumerate(pipeline) if step['type'] == 'LoadImageFromFile']
+        if not loads:
+            raise ValueError('a classification pipeline without LoadImageFromFile cannot be '
+                             'resized for another source')
+        pipeline.insert(loads[0] + 1, dict(type='Resize', scale=(img_size, img_size)))
+
+
+def reshape_for_source(cfg, source):
+    """Give every ViT of ``cfg`` (a loaded config of configs/demo) the shape of ``source``: each
+    ``LinearViT`` (classifier backbone, distillation or alignment teacher, a LoRA module) and
+    each ``LinearViTAdapter``'s ``vit`` take ``source_arch`` and the source's image size, and
+    the classification pipelines (those ending in ``PackInputs``) resize to it. Returns the
+    dotted paths of the ViTs reshaped; a config without one is refused."""
+    reshaped = []
+
+    def visit(node, path):
+        if isinstance(node, dict):
+            kind = node.get('type')
+            if kind in ('LinearViT', 'mmpretrain.LinearViT'):
+                _reshape_vit(node, source)
+                reshaped.append(path)
+            elif kind in ('LinearViTAdapter', 'mmpretrain.LinearViTAdapter') and 'vit' in node:
+                _reshape_vit(node['vit'], source)
+                reshaped.append(f'{path}.vit')
+            pipeline = node.get('pipeline')
+            if (isinstance(pipeline, list) and pipeline
+                    and pipeline[-1].get('type') == 'PackInputs'):
+                _resize_classification_pipeline(pipeline, SOURCES[source]['img_size'])
+            for key, value in node.items():
+                visit(value, f'{path}.{key}' if path else key)
+        elif isinstance(node, (list, tuple)):
+            for index, value in enumerate(node):
+                visit(value, f'{path}[{index}]')
+
+    visit(cfg._cfg_dict, '')
+    if not reshaped:
+        raise ValueError(f'{cfg.filename} has no LinearViT or LinearViTAdapter to give the '
+                         f'{source!r} shape')
+    return reshaped
+
+
+class DemoConfigs:
+    """The demo's config files for one source: those of configs/demo for ``'vit'``; for
+    another source each one reshaped (``reshape_for_source``) and written under
+    ``config_dir`` with the same name, rewritten only when its text changes (so that a
+    finished stage stays reusable)."""
+
+    def __init__(self, source='vit', config_dir=None):
+        if source not in SOURCES:
+            raise ValueError(f'unknown source {source!r}; sources: {", ".join(SOURCES)}')
+        if SOURCES[source] is not None and config_dir is None:
+            raise ValueError(f'the {source!r} source writes its configs: give a config_dir')
+        self.source, self.config_dir = source, config_dir
+
+    def path(self, name):
+        """The file to run for ``name``, a config of configs/demo."""
+        original = osp.join(DEMO_CONFIGS, name)
+        if SOURCES[self.source] is None:
+            return original
+        from mmengine.config import Config
+        with _config_lock:
+            cfg = Config.fromfile(original)
+            reshape_for_source(cfg, self.source)
+            target = osp.join(self.config_dir, name)
+            # Config.pretty_text formats with yapf, seconds a config; the values here are
+            # literals, which pprint writes as Python as they are.
+            text = ''.join([f'# {name} of configs/demo with its ViTs in the shape of the '
+                            f'{self.source!r} source (tools/demo.py --source {self.source})\n'] +
+                           [f'{key} = {pprint.pformat(value, width=100, sort_dicts=False)}\n'
+                            for key, value in cfg.to_dict().items()])
+            if not osp.isfile(target) or open(target).read() != text:
+                os.makedirs(self.config_dir, exist_ok=True)
+                with open(target + '.tmp', 'w') as f:
+                    f.write(text)
+                os.replace(target + '.tmp', target)
+            return target
+
+
 # ----------------------------------------------------------------------------- recipes
 def split_budget(shares, total):
     """Integer steps per stage in proportion to ``shares``, summing to ``total``, each >= 1
@@ -168,7 +300,8 @@ def recipe_stages(recipe, total_steps):
 def config_warmup(config):
     """Iterations of the linear warm-up that ``config`` (a file of configs/demo) starts with."""
     from mmengine.config import Config
-    return Config.fromfile(osp.join(DEMO_CONFIGS, config)).param_scheduler[0]['end']
+    with _config_lock:
+        return Config.fromfile(osp.join(DEMO_CONFIGS, config)).param_scheduler[0]['end']
 
 
 def schedule_options(config, iters):
@@ -271,14 +404,14 @@ Trained = collections.namedtuple('Trained', 'checkpoint metric seconds reused')
 
 
 def train(config, work_dir, options, force, metric_name=None, show=True, threads=None):
-    """Train ``config`` (a file of configs/demo) into ``work_dir``; return ``Trained``.
+    """Train ``config`` (a config file's path) into ``work_dir``; return ``Trained``.
 
-    A finished run of the same config and options, from the same versions of the files they
-    name (checkpoints of earlier stages: their modification times), is reused (its
-    ``demo_run.json``); any other content of ``work_dir`` is trained over.
+    A finished run of the same config and options, from the same versions of the config and
+    of the files the options name (checkpoints of earlier stages: their modification times),
+    is reused (its ``demo_run.json``); any other content of ``work_dir`` is trained over.
     """
     record_path = osp.join(work_dir, 'demo_run.json')
-    values = (option.split('=', 1)[-1] for option in options)
+    values = [config] + [option.split('=', 1)[-1] for option in options]
     request = dict(config=config, options=list(options),
                    inputs={path: osp.getmtime(path) for path in values if osp.isfile(path)})
     if not force and osp.isfile(record_path):
@@ -291,7 +424,7 @@ def train(config, work_dir, options, force, metric_name=None, show=True, threads
     if osp.exists(record_path):
         os.remove(record_path)
     started = time.time()
-    output = run_tool(['tools/train.py', osp.join(DEMO_CONFIGS, config), '--work-dir', work_dir,
+    output = run_tool(['tools/train.py', config, '--work-dir', work_dir,
                        '--cfg-options', *options], osp.join(work_dir, 'train.log'), show=show,
                       threads=threads)
     run = Trained(last_checkpoint(work_dir), metric(output, metric_name) if metric_name else None,
@@ -302,36 +435,39 @@ def train(config, work_dir, options, force, metric_name=None, show=True, threads
 
 
 def test(config, checkpoint, work_dir, options, extra=()):
-    return run_tool(['tools/test.py', osp.join(DEMO_CONFIGS, config), checkpoint, '--work-dir',
+    return run_tool(['tools/test.py', config, checkpoint, '--work-dir',
                      work_dir, *extra, '--cfg-options', *options],
                     osp.join(work_dir, 'test.log'), show=False)
 
 
-def train_teacher(work_dir, data_root, iters, force):
-    """The Softmax teacher on ``TEACHER_SET``: ``Trained`` with its top-1."""
+def train_teacher(work_dir, data_root, iters, force, configs):
+    """The Softmax teacher on ``TEACHER_SET`` (``configs``: ``DemoConfigs``): ``Trained`` with
+    its top-1."""
     options = data_options(osp.join(data_root, TEACHER_SET)) + schedule_options(
         TEACHER_CONFIG, iters)
-    return train(TEACHER_CONFIG, work_dir, options, force, metric_name='accuracy/top1')
+    return train(configs.path(TEACHER_CONFIG), work_dir, options, force,
+                 metric_name='accuracy/top1')
 
 
-def run_recipe(recipe, seed, *, steps, attn_type, teacher, data_root, work_dir, force,
+def run_recipe(recipe, seed, *, steps, attn_type, teacher, data_root, configs, work_dir, force,
                threads=None):
-    """Train every stage of ``recipe`` for one seed into ``work_dir/<stage>``; return
-    ``Trained``: the last stage's checkpoint and top-1, the stages' seconds summed, reused
-    when every stage was."""
+    """Train every stage of ``recipe`` for one seed into ``work_dir/<stage>`` (``configs``:
+    ``DemoConfigs``); return ``Trained``: the last stage's checkpoint and top-1, the stages'
+    seconds summed, reused when every stage was."""
     stages = []
     for stage, iters in recipe_stages(recipe, steps):
         options = stage_options(stage, iters, attn_type=attn_type, seed=seed, teacher=teacher,
                                 data_root=data_root,
                                 previous=stages[-1].checkpoint if stages else None)
-        stages.append(train(CLS_CONFIG.format(stage=stage), osp.join(work_dir, stage), options,
-                            force, metric_name=None if stage in ALIGN_STAGES else 'accuracy/top1',
+        stages.append(train(configs.path(CLS_CONFIG.format(stage=stage)),
+                            osp.join(work_dir, stage), options, force,
+                            metric_name=None if stage in ALIGN_STAGES else 'accuracy/top1',
                             show=False, threads=threads))
     return Trained(stages[-1].checkpoint, stages[-1].metric, sum(s.seconds for s in stages),
                    all(s.reused for s in stages))
 
 
-def plain_checkpoint(recipe, seed, checkpoint, *, steps, attn_type, teacher, data_root,
+def plain_checkpoint(recipe, seed, checkpoint, *, steps, attn_type, teacher, data_root, configs,
                      work_dir):
     """The classifier checkpoint of a finished run as a plain LinearViT classifier: a LoRA
     fine-tuning checkpoint has its factors merged in (tools/model_converters/merge_lora.py);
@@ -344,7 +480,7 @@ def plain_checkpoint(recipe, seed, checkpoint, *, steps, attn_type, teacher, dat
     options = stage_options(stage, stages[-1][1], attn_type=attn_type, seed=seed,
                             teacher=teacher, data_root=data_root, previous=previous)
     merged = osp.join(work_dir, stage, 'merged.pth')
-    run_tool([MERGE_LORA, osp.join(DEMO_CONFIGS, CLS_CONFIG.format(stage=stage)), checkpoint,
+    run_tool([MERGE_LORA, configs.path(CLS_CONFIG.format(stage=stage)), checkpoint,
               merged, '--cfg-options', *options], osp.join(work_dir, stage, 'merge.log'),
              show=False)
     return merged
@@ -421,7 +557,12 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--attn-type', default='relu', choices=attention_types(),
                         help='operator of the linear student (default relu)')
-    parser.add_argument('--work-dir', default=osp.join(REPO, 'work_dirs', 'demo'))
+    parser.add_argument('--source', default='vit', choices=list(SOURCES),
+                        help="the teacher's shape: vit (default; class token, position "
+                        'embedding, patch 8) or dinov2 (patch 14, registers, LayerScale, '
+                        '112 px images)')
+    parser.add_argument('--work-dir', help='default work_dirs/demo, work_dirs/demo_<source> '
+                        'for another source')
     parser.add_argument('--data-root', default=osp.join(REPO, 'data', 'mini'))
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2],
                         help='one transfer run per recipe and seed (default 0 1 2)')
@@ -445,6 +586,9 @@ def parse_args(argv=None):
     for name in ('teacher_iters', 'transfer_iters', 'det_epochs', 'seg_iters', 'jobs'):
         if getattr(args, name) < 1:
             parser.error(f'--{name.replace("_", "-")} must be >= 1, got {getattr(args, name)}')
+    if args.work_dir is None:
+        args.work_dir = osp.join(REPO, 'work_dirs', 'demo' if SOURCES[args.source] is None
+                                 else f'demo_{args.source}')
     longest = max(len(RECIPES[recipe]) for recipe in args.recipes)
     if args.transfer_iters < longest:
         parser.error(f'--transfer-iters {args.transfer_iters} cannot give each of the '
@@ -459,6 +603,7 @@ def main(argv=None):
     work = osp.abspath(args.work_dir)
     data_root = osp.abspath(args.data_root)
     os.makedirs(work, exist_ok=True)
+    configs = DemoConfigs(args.source, osp.join(work, 'configs'))
     timings = {}
 
     log(f'1/4 mini data sets -> {data_root}')
@@ -468,9 +613,12 @@ def main(argv=None):
     groups = osp.join(data_root, TRANSFER_SET)
     num_val = summaries[TRANSFER_SET]['splits']['val']
 
-    log(f'2/4 pre-train the Softmax teacher on shapes ({args.teacher_iters} iterations)')
+    shape = '' if SOURCES[args.source] is None else (
+        f' in {args.source} shape ({SOURCES[args.source]["arch_word"]}\'s switches, '
+        f'{SOURCES[args.source]["img_size"]} px images; configs in {configs.config_dir})')
+    log(f'2/4 pre-train the Softmax teacher{shape} on shapes ({args.teacher_iters} iterations)')
     teacher_run = train_teacher(osp.join(work, 'teacher'), data_root, args.teacher_iters,
-                                args.force)
+                                args.force, configs)
     teacher, teacher_acc, timings['teacher'] = teacher_run[:3]
     log(f'    teacher: {teacher_acc:.2f}% top-1 on shapes (chance 16.7%)')
 
@@ -480,7 +628,7 @@ def main(argv=None):
         f'{len(args.recipes)} recipes x {len(args.seeds)} seeds, {args.transfer_iters} '
         f'optimiser steps each, {args.jobs} at a time')
     common = dict(steps=args.transfer_iters, attn_type=args.attn_type, teacher=teacher,
-                  data_root=groups)
+                  data_root=groups, configs=configs)
     runs = [(recipe, seed) for recipe in args.recipes for seed in args.seeds]
 
     def one_run(recipe_seed):
@@ -513,7 +661,7 @@ def main(argv=None):
     bar_chart(top1, summary_rows, args.attn_type, teacher_acc, num_val, chart)
     log(f'    bar chart: {chart}')
     summary = dict(
-        attn_type=args.attn_type, teacher_top1=teacher_acc, seeds=args.seeds,
+        source=args.source, attn_type=args.attn_type, teacher_top1=teacher_acc, seeds=args.seeds,
         transfer_steps=args.transfer_iters, transfer_val_images=num_val,
         transfer_top1={recipe: dict(summary_rows[recipe], seeds=top1[recipe],
                                     stages=recipe_stages(recipe, args.transfer_iters),
@@ -545,9 +693,10 @@ def main(argv=None):
         coco_summary = summaries[DET_SET]
         log(f'    Mask R-CNN + adapter on mini COCO ({coco_summary["splits"]["train"]} training '
             f'images, {args.det_epochs} epochs)')
-        det_ckpt, _, timings['detection'], _ = train(DET_CONFIG, det_dir, det_options,
+        det_config = configs.path(DET_CONFIG)
+        det_ckpt, _, timings['detection'], _ = train(det_config, det_dir, det_options,
                                                      args.force)
-        det_out = test(DET_CONFIG, det_ckpt, det_dir, det_options,
+        det_out = test(det_config, det_ckpt, det_dir, det_options,
                        extra=['--show-dir', osp.join(det_dir, 'vis')])
         box_ap, mask_ap = metric(det_out, 'coco/bbox_mAP'), metric(det_out, 'coco/segm_mAP')
 
@@ -558,9 +707,10 @@ def main(argv=None):
             f'param_scheduler.1.end={args.seg_iters}']  # warm-up: the first 20 iterations
         seg_dir = osp.join(work, f'upernet_{args.attn_type}')
         log(f'    UperNet + adapter on mini ADE20K ({args.seg_iters} iterations)')
-        seg_ckpt, _, timings['segmentation'], _ = train(SEG_CONFIG, seg_dir, seg_options,
+        seg_config = configs.path(SEG_CONFIG)
+        seg_ckpt, _, timings['segmentation'], _ = train(seg_config, seg_dir, seg_options,
                                                         args.force)
-        seg_out = test(SEG_CONFIG, seg_ckpt, seg_dir, seg_options,
+        seg_out = test(seg_config, seg_ckpt, seg_dir, seg_options,
                        extra=['--show-dir', osp.join(seg_dir, 'vis')])
         miou = metric(seg_out, 'mIoU')
         print()

@@ -2,6 +2,7 @@
 budgets and stage options (their configs build), the seeds, the mean +- std table, the reuse
 of finished stages, and a short end-to-end run of the transfer stage (the full demo takes
 minutes; tests/e2e runs the dense stages' configs)."""
+import copy
 import importlib.util
 import json
 import os
@@ -223,7 +224,10 @@ class FakeTrain:
 def test_finished_stage_is_reused_only_with_the_same_options(demo, monkeypatch, tmp_path):
     fake = FakeTrain()
     monkeypatch.setattr(demo, 'run_tool', fake)
-    config = demo.CLS_CONFIG.format(stage='mlpcopy')
+    config = tmp_path / 'configs' / demo.CLS_CONFIG.format(stage='mlpcopy')
+    config.parent.mkdir()
+    config.write_text((REPO / 'configs' / 'demo' / config.name).read_text())
+    config = str(config)
     first = demo.train(config, str(tmp_path), ['a=1'], False, metric_name='accuracy/top1')
     assert first[:2] == (str(tmp_path / 'iter_1.pth'), 41.0) and fake.calls == 1
     assert not first.reused
@@ -246,6 +250,11 @@ def test_finished_stage_is_reused_only_with_the_same_options(demo, monkeypatch, 
     os.utime(previous, (previous.stat().st_atime, previous.stat().st_mtime + 10))
     assert demo.train(config, str(tmp_path), options, False).reused is False
     assert fake.calls == 6
+    # the config itself changed (a source's config written again): run again
+    os.utime(config, (os.stat(config).st_atime, os.stat(config).st_mtime + 10))
+    assert demo.train(config, str(tmp_path), options, False).reused is False
+    assert demo.train(config, str(tmp_path), options, False).reused is True
+    assert fake.calls == 7
 
 
 @pytest.mark.parametrize('argv,message', [
@@ -259,6 +268,181 @@ def test_bad_arguments_are_refused(demo, argv, message, capsys):
     with pytest.raises(SystemExit):
         demo.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_source_defaults_and_work_dirs(demo):
+    assert demo.parse_args([]).source == 'vit'
+    assert demo.parse_args([]).work_dir == str(REPO / 'work_dirs' / 'demo')
+    assert demo.parse_args(['--source', 'dinov2']).work_dir == str(
+        REPO / 'work_dirs' / 'demo_dinov2')
+    assert demo.parse_args(['--source', 'dinov2', '--work-dir', 'w']).work_dir == 'w'
+
+
+# ----------------------------------------------------------------------------- sources
+MINI_SIZES = dict(embed_dims=96, num_layers=4, num_heads=3, feedforward_channels=384)
+
+
+def test_dinov2_source_arch_is_the_dinov2_word_at_the_demo_sizes(demo):
+    from linvit_mm.models import LinearViT
+    arch = demo.source_arch(dict(MINI_SIZES), 'dinov2')
+    assert arch == dict(LinearViT.arch_zoo['dinov2-reg-small'], **MINI_SIZES)
+    assert (arch['patch_size'], arch['num_register_tokens'], arch['layer_scale_init_value'],
+            arch['no_embed_class']) == (14, 4, 1e-5, True)
+
+
+def test_vit_source_runs_configs_demo_as_they_are(demo, tmp_path):
+    configs = demo.DemoConfigs('vit', str(tmp_path))
+    assert configs.path(demo.TEACHER_CONFIG) == str(REPO / 'configs' / 'demo' /
+                                                    demo.TEACHER_CONFIG)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_source_and_missing_config_dir_are_refused(demo):
+    with pytest.raises(ValueError, match="unknown source 'dinov3'; sources: vit, dinov2"):
+        demo.DemoConfigs('dinov3', '/c')
+    with pytest.raises(ValueError, match="'dinov2' source writes its configs"):
+        demo.DemoConfigs('dinov2')
+
+
+def test_a_config_without_a_vit_is_refused(demo, tmp_path):
+    path = tmp_path / 'resnet.py'
+    path.write_text("model = dict(type='ImageClassifier', backbone=dict(type='ResNet'))\n")
+    cfg = Config.fromfile(str(path))
+    with pytest.raises(ValueError, match="resnet.py has no LinearViT .* 'dinov2' shape"):
+        demo.reshape_for_source(cfg, 'dinov2')
+
+
+def vits_of(node, found=None):
+    """Every dict of a config that is, or holds as ``vit``, a LinearViT's arguments."""
+    found = [] if found is None else found
+    if isinstance(node, dict):
+        kind = str(node.get('type')).split('.')[-1]  # with or without a scope
+        if kind == 'LinearViT':
+            found.append(node)
+        elif kind == 'LinearViTAdapter':
+            found.append(node['vit'])
+        for value in node.values():
+            vits_of(value, found)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            vits_of(value, found)
+    return found
+
+
+def assert_dinov2_shaped(demo, cfg):
+    arch = dict(demo.source_arch(dict(MINI_SIZES), 'dinov2'))
+    vits = vits_of(cfg.to_dict()['model']) + vits_of(cfg.to_dict().get('custom_hooks', []))
+    assert vits
+    for vit in vits:
+        assert vit['arch'] == arch and vit['img_size'] == 112 and 'patch_size' not in vit
+
+
+@pytest.mark.parametrize('stage', ['teacher', 'fullcopy-distill', 'align-attn', 'align-feat',
+                                   'staged-lora'])
+def test_dinov2_configs_are_written_and_build(demo, stage, tmp_path):
+    """The written config reads back as the reshaped one, every ViT in it (student,
+    distillation or alignment teacher, LoRA module) has the DINOv2 switches at the demo's
+    sizes, the classification pipelines give 112 px images, and the model builds and runs on
+    them: 8 x 8 patches of 14 pixels, 4 registers, LayerScale."""
+    from mmengine.registry import init_default_scope
+    from mmpretrain.registry import MODELS
+    name = demo.TEACHER_CONFIG if stage == 'teacher' else demo.CLS_CONFIG.format(stage=stage)
+    path = demo.DemoConfigs('dinov2', str(tmp_path)).path(name)
+    assert path == str(tmp_path / name)
+    cfg = Config.fromfile(path)
+    expected = Config.fromfile(str(REPO / 'configs' / 'demo' / name))
+    demo.reshape_for_source(expected, 'dinov2')
+    assert cfg.to_dict() == expected.to_dict()
+    assert_dinov2_shaped(demo, cfg)
+    train_steps = [step['type'] for step in cfg.train_dataloader.dataset.pipeline]
+    assert cfg.train_dataloader.dataset.pipeline[train_steps.index('RandomResizedCrop')][
+        'scale'] == 112
+    if cfg.val_dataloader is not None:
+        assert cfg.val_dataloader.dataset.pipeline[1] == dict(type='Resize', scale=(112, 112))
+    init_default_scope('mmpretrain')
+    model_cfg = cfg.model
+    if stage == 'staged-lora':  # LoRAModel loads its module's checkpoint when built
+        model_cfg = copy.deepcopy(cfg.model)
+        model_cfg.backbone.module.init_cfg = None
+    model = MODELS.build(model_cfg)
+    vit = model.backbone.module if stage == 'staged-lora' else model.backbone
+    assert (vit.patch_size, vit.num_register_tokens, vit.patch_resolution) == (14, 4, (8, 8))
+    assert vit.layers[0].attn.gamma1.weight.shape == (96, )
+    out = vit(torch.rand(2, 3, 112, 112))
+    assert out[-1].shape[0] == 2
+
+
+def test_configs_are_read_one_thread_at_a_time(demo, monkeypatch, tmp_path):
+    """The transfer runs' threads read configs (warm-ups, written sources) through mmengine's
+    Config.fromfile, which fails under concurrent calls: every read holds the demo's lock."""
+    from mmengine.config import Config as MMConfig
+    original = MMConfig.fromfile
+    reads = []
+
+    def locked_fromfile(*args, **kwargs):
+        reads.append(demo._config_lock.locked())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(MMConfig, 'fromfile', staticmethod(locked_fromfile))
+    demo.config_warmup.cache_clear()
+    demo.config_warmup(demo.CLS_CONFIG.format(stage='copy'))
+    demo.DemoConfigs('dinov2', str(tmp_path)).path(demo.CLS_CONFIG.format(stage='copy'))
+    assert reads == [True, True]
+
+
+def test_dinov2_configs_are_rewritten_only_when_they_change(demo, tmp_path):
+    configs = demo.DemoConfigs('dinov2', str(tmp_path))
+    path = Path(configs.path(demo.TEACHER_CONFIG))
+    os.utime(path, (0, 0))
+    assert configs.path(demo.TEACHER_CONFIG) == str(path) and path.stat().st_mtime == 0
+    path.write_text(path.read_text() + '# edited\n')
+    configs.path(demo.TEACHER_CONFIG)
+    assert '# edited' not in path.read_text() and path.stat().st_mtime > 0
+
+
+def test_dinov2_student_copies_the_dinov2_teacher(demo, tmp_path):
+    """SoftmaxTransfer reads the demo's DINOv2-shaped teacher checkpoint into the student of
+    the written config: registers, LayerScale, position embedding and MLPs copied."""
+    from mmengine.registry import init_default_scope
+    from mmpretrain.registry import MODELS
+    init_default_scope('mmpretrain')
+    configs = demo.DemoConfigs('dinov2', str(tmp_path))
+    teacher = MODELS.build(Config.fromfile(configs.path(demo.TEACHER_CONFIG)).model)
+    torch.manual_seed(0)
+    for param in teacher.parameters():
+        torch.nn.init.normal_(param)
+    checkpoint = tmp_path / 'teacher.pth'
+    torch.save(dict(state_dict=teacher.state_dict(), meta={}), str(checkpoint))
+    cfg = Config.fromfile(configs.path(demo.CLS_CONFIG.format(stage='fullcopy-distill')))
+    cfg.model.backbone.init_cfg.checkpoint = str(checkpoint)
+    student = MODELS.build(cfg.model)
+    student.init_weights()
+    expected = teacher.backbone.state_dict()
+    copied = student.backbone.state_dict()
+    for key in ('register_tokens', 'pos_embed', 'layers.3.ffn.gamma2.weight',
+                'layers.0.attn.gamma1.weight', 'layers.2.ffn.layers.0.0.weight'):
+        assert torch.equal(copied[key], expected[key]), key
+    assert copied['pos_embed'].shape[1] == 64  # the patches' slots only (no_embed_class)
+
+
+@pytest.mark.parametrize('config', ['DET_CONFIG', 'SEG_CONFIG'])
+def test_dinov2_dense_configs_build(demo, config, tmp_path):
+    """The adapter's ViT in the written Mask R-CNN and UperNet configs has the DINOv2 shape
+    and the backbone gives the four maps at strides 4 to 32 of the dense stage's 128 x 96
+    images."""
+    from mmengine.registry import init_default_scope
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmseg.registry import MODELS as SEG_MODELS
+    name = getattr(demo, config)
+    cfg = Config.fromfile(demo.DemoConfigs('dinov2', str(tmp_path)).path(name))
+    assert_dinov2_shaped(demo, cfg)
+    scope, registry = ('mmdet', DET_MODELS) if config == 'DET_CONFIG' else ('mmseg', SEG_MODELS)
+    init_default_scope(scope)
+    backbone_cfg = copy.deepcopy(cfg.model.backbone)
+    backbone_cfg.pretrained = None
+    backbone = registry.build(backbone_cfg)
+    maps = backbone(torch.rand(1, 3, 96, 128))
+    assert [tuple(m.shape[-2:]) for m in maps] == [(24, 32), (12, 16), (6, 8), (3, 4)]
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -288,3 +472,28 @@ def test_transfer_stage_end_to_end(demo, monkeypatch, tmp_path, in_process_run_t
                                       'iter_3.pth'))['state_dict']['head.layers.head.weight']
              for seed in (0, 1)]
     assert not torch.equal(*heads)
+
+
+def test_dinov2_transfer_end_to_end(demo, monkeypatch, tmp_path, in_process_run_tool):
+    """--source dinov2 through the classification stages: the teacher and a distilled student
+    trained from the configs it writes, both with DINOv2's registers and 14-pixel patches."""
+    from linvit_mm.utils.checkpoint import load_checkpoint_file
+    monkeypatch.setattr(demo, 'run_tool', in_process_run_tool)
+    name, (maker, params) = demo.TEACHER_SET, demo.DEMO_SETS[demo.TEACHER_SET]
+    monkeypatch.setitem(demo.DEMO_SETS, name, (maker, dict(params, train_per_class=4,
+                                                           val_per_class=2)))
+    work = tmp_path / 'work'
+    summary = demo.main(['--source', 'dinov2', '--recipes', 'fullcopy-distill', '--seeds', '0',
+                         '--teacher-iters', '2', '--transfer-iters', '2', '--jobs', '1',
+                         '--skip-dense', '--work-dir', str(work), '--data-root',
+                         str(tmp_path / 'data')])
+    assert summary['source'] == 'dinov2'
+    assert summary['transfer_top1']['fullcopy-distill']['n'] == 1
+    assert (work / 'configs' / demo.TEACHER_CONFIG).is_file()
+    for checkpoint in (work / 'teacher' / 'iter_2.pth',
+                       work / 'relu' / 'fullcopy-distill' / 'seed0' / 'fullcopy-distill' /
+                       'iter_2.pth'):
+        state = load_checkpoint_file(str(checkpoint))['state_dict']
+        assert state['backbone.register_tokens'].shape == (1, 4, 96)
+        assert state['backbone.patch_embed.projection.weight'].shape[-2:] == (14, 14)
+        assert state['backbone.pos_embed'].shape == (1, 64, 96)
