@@ -80,13 +80,14 @@ class InProcessTools:
     one config within a second would otherwise share a logger and message hub). Output is
     captured by redirecting ``sys.stdout``, which is global: one run at a time."""
 
-    def __init__(self, threads):
+    def __init__(self, threads=None):
         self.modules = {}
         self.threads = threads
 
     def __call__(self, args, log_path, show=True, threads=None):
         import torch
-        torch.set_num_threads(threads or self.threads)
+        if threads or self.threads:
+            torch.set_num_threads(threads or self.threads)
         path = args[0]
         if path not in self.modules:
             spec = importlib.util.spec_from_file_location(
