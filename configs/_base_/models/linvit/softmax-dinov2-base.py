@@ -5,20 +5,12 @@
 #   https://dl.fbaipublicfiles.com/dinov2/dinov2_vitb14/dinov2_vitb14_pretrain.pth
 # (timm's vit_base_patch14_dinov2 state dict works too; docs/transfer.md). Put it here, or
 # override per run as for the DeiT sizes (README.md, Configs).
+_base_ = ['./softmax-teacher.py']
+
 softmax_checkpoint = 'checkpoints/dinov2_vitb14_pretrain.pth'
 
-# Used by the "-distill" configs: custom_hooks = [{{_base_.distill_hook}}]
-distill_hook = dict(
-    type='AttentionDistillHook',
-    loss_weight=50.0,
-    target='output',
-    teacher=dict(
-        type='LinearViT',
-        arch='dinov2-base',
-        attn_type='softmax',
-        img_size=224,
-        init_cfg=dict(
-            type='SoftmaxTransfer', checkpoint=softmax_checkpoint, setting='fullcopy')))
+# The teacher of the "-distill" configs (softmax-teacher.py): this source, Softmax, FullCopy.
+distill_hook = dict(teacher=dict(arch='dinov2-base', init_cfg=dict(checkpoint=softmax_checkpoint)))
 
 # Used by the ImageNet "fullcopy" configs, head=dict(init_cfg={{_base_.fullcopy_head_init}}):
 # the release is self-supervised and has no classifier to copy, so the head keeps its

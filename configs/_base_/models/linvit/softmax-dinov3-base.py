@@ -5,20 +5,12 @@
 #   the download form of github.com/facebookresearch/dinov3 (LVD-1689M pre-training)
 # (timm's vit_base_patch16_dinov3 state dict works too; docs/transfer.md). Put it here, or
 # override per run as for the DeiT sizes (README.md, Configs).
+_base_ = ['./softmax-teacher.py']
+
 softmax_checkpoint = 'checkpoints/dinov3_vitb16_pretrain_lvd1689m-73cec8be.pth'
 
-# Used by the "-distill" configs: custom_hooks = [{{_base_.distill_hook}}]
-distill_hook = dict(
-    type='AttentionDistillHook',
-    loss_weight=50.0,
-    target='output',
-    teacher=dict(
-        type='LinearViT',
-        arch='dinov3-base',
-        attn_type='softmax',
-        img_size=224,
-        init_cfg=dict(
-            type='SoftmaxTransfer', checkpoint=softmax_checkpoint, setting='fullcopy')))
+# The teacher of the "-distill" configs (softmax-teacher.py): this source, Softmax, FullCopy.
+distill_hook = dict(teacher=dict(arch='dinov3-base', init_cfg=dict(checkpoint=softmax_checkpoint)))
 
 # Used by the ImageNet "fullcopy" configs, head=dict(init_cfg={{_base_.fullcopy_head_init}}):
 # the release is self-supervised and has no classifier to copy, so the head keeps its

@@ -8,20 +8,12 @@
 #   --cfg-options model.backbone.init_cfg.checkpoint=PATH \
 #                 custom_hooks.0.teacher.init_cfg.checkpoint=PATH \
 #                 model.head.init_cfg.1.checkpoint=PATH  # the ImageNet FullCopy head
+_base_ = ['./softmax-teacher.py']
+
 softmax_checkpoint = 'checkpoints/deit_tiny_patch16_224-a1311bcf.pth'
 
-# Used by the "-distill" configs: custom_hooks = [{{_base_.distill_hook}}]
-distill_hook = dict(
-    type='AttentionDistillHook',
-    loss_weight=50.0,
-    target='output',
-    teacher=dict(
-        type='LinearViT',
-        arch='tiny',
-        attn_type='softmax',
-        img_size=224,
-        init_cfg=dict(
-            type='SoftmaxTransfer', checkpoint=softmax_checkpoint, setting='fullcopy')))
+# The teacher of the "-distill" configs (softmax-teacher.py): this source, Softmax, FullCopy.
+distill_hook = dict(teacher=dict(arch='tiny', init_cfg=dict(checkpoint=softmax_checkpoint)))
 
 # Used by the ImageNet "fullcopy" configs, head=dict(init_cfg={{_base_.fullcopy_head_init}}):
 # FullCopy copies every tensor whose name and shape match, and on ImageNet-1K that includes
