@@ -22,6 +22,7 @@ Every export is checked against the eager model (:func:`compare_with_eager`): on
 example images and, for a dynamic export, on a second batch size and a non-square size
 that is not the example's.
 """
+import sys
 from typing import NamedTuple
 
 import torch
@@ -205,6 +206,21 @@ def compare_with_eager(model, run_exported, inputs):
         scale = max(e.abs().max().item() for e in expected)
         comparisons.append(Comparison(tuple(images.shape), error, scale))
     return comparisons
+
+
+
+def within_tolerance(comparisons, tolerance, against, mismatch):
+    """Print each :class:`Comparison` (``Check against {against}, ...``) and whether the worst
+    relative error is at most ``tolerance``; if not, say so on stderr as ``{mismatch} by ...``
+    (the tools then write nothing)."""
+    for comparison in comparisons:
+        print(f'Check against {against}, {comparison}')
+    worst = max(c.relative_error for c in comparisons)
+    if worst > tolerance:
+        print(f'{mismatch} by {worst:.3g} of the largest output, more than --tolerance '
+              f'{tolerance:g}: nothing written', file=sys.stderr)
+        return False
+    return True
 
 
 DENSE_SCOPES = ('mmdet', 'mmseg')

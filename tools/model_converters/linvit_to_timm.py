@@ -56,7 +56,7 @@ def main(argv=None):
 
     from linvit_mm.deployment import (ImageModel, check_inputs, compare_with_eager,
                                       linvit_to_timm, save_timm_vit)
-    from linvit_mm.deployment.export import build_model
+    from linvit_mm.deployment.export import build_model, within_tolerance
     cfg = Config.fromfile(args.config)
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
@@ -80,12 +80,8 @@ def main(argv=None):
         patch = source.patch_size
         other = (shape[0] + patch, shape[1] + 2 * patch)
         comparisons += compare_with_eager(source, run_timm, check_inputs(source, other))
-    for comparison in comparisons:
-        print(f'Check against the LinearViT, {comparison}')
-    worst = max(c.relative_error for c in comparisons)
-    if worst > args.tolerance:
-        print(f'The timm model differs by {worst:.3g} of the largest output, more than '
-              f'--tolerance {args.tolerance:g}: nothing written', file=sys.stderr)
+    if not within_tolerance(comparisons, args.tolerance, 'the LinearViT',
+                            'The timm model differs'):
         return 1
     save_timm_vit(timm_model, spec, args.out)
     print(f'Max error {max(c.max_abs_error for c in comparisons):.3g}; wrote {args.out}')
