@@ -22,8 +22,8 @@ def load_tool():
 probe = load_tool()
 
 
-def coco_options(mini_data_root, *extra):
-    coco = f'{mini_data_root / "coco"}/'
+def coco_options(coco_root, *extra):
+    coco = f'{coco_root}/'
     return ['--cfg-options', 'model.backbone.pretrained=None',
             f'train_dataloader.dataset.data_root={coco}',
             f'val_dataloader.dataset.data_root={coco}',
@@ -53,7 +53,7 @@ def test_ridge_probe_separates_separable_classes_and_not_noise():
 def test_every_box_of_both_splits_is_probed_from_each_source(mini_data_root, tmp_path):
     out = tmp_path / 'probe.json'
     result = probe.main([str(DET_CONFIG), '--out', str(out),
-                         *coco_options(mini_data_root)])
+                         *coco_options(mini_data_root / 'coco')])
     assert result['train_boxes'] == annotation_count(mini_data_root, 'train')
     assert result['val_boxes'] == annotation_count(mini_data_root, 'val')
     assert set(result['accuracy']) == set(probe.SOURCES)
@@ -93,7 +93,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused(mini_data_root, tmp_path):
     torch.save(dict(state_dict=state), checkpoint)
     with pytest.raises(RuntimeError, match='backbone.spm.fc1.weight'):
         probe.main([str(DET_CONFIG), '--checkpoint', str(checkpoint),
-                    *coco_options(mini_data_root)])
+                    *coco_options(mini_data_root / 'coco')])
 
 
 def test_a_backbone_other_than_the_adapter_is_refused(mini_data_root, tmp_path):
@@ -102,7 +102,7 @@ def test_a_backbone_other_than_the_adapter_is_refused(mini_data_root, tmp_path):
         f"_base_ = ['{DET_CONFIG}']\n"
         "model = dict(backbone=dict(_delete_=True, type='ResNet', depth=18),\n"
         "             neck=dict(in_channels=[64, 128, 256, 512]))\n")
-    options = coco_options(mini_data_root)
+    options = coco_options(mini_data_root / 'coco')
     options.remove('model.backbone.pretrained=None')
     with pytest.raises(TypeError, match='backbone is ResNet'):
         probe.main([str(config), *options])
@@ -113,3 +113,13 @@ def test_a_backbone_other_than_the_adapter_is_refused(mini_data_root, tmp_path):
 def test_bad_options_are_refused(bad):
     with pytest.raises(SystemExit):
         probe.parse_args([str(DET_CONFIG), *bad])
+
+
+def test_the_probe_finds_the_class_in_a_conv_stem_on_a_demo_sized_set(tmp_path):
+    """A random convolutional stem keeps the shapes' outlines, which a linear probe reads
+    (88-89 % over seeds 0-2 on the demo's set, chance 29 %): the probe is not blind."""
+    from linvit_mm.testing.mini_data import make_mini_coco
+    make_mini_coco(tmp_path / 'coco', num_train=96, num_val=32)
+    result = probe.main([str(DET_CONFIG), *coco_options(tmp_path / 'coco')])
+    assert result['val_boxes'] >= 60
+    assert result['accuracy']['spatial prior'] >= result['chance'] + 0.3
