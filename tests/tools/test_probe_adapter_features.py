@@ -22,12 +22,12 @@ def load_tool():
 probe = load_tool()
 
 
-def coco_options(coco_root, *extra):
+def coco_options(coco_root):
     coco = f'{coco_root}/'
     return ['--cfg-options', 'model.backbone.pretrained=None',
             f'train_dataloader.dataset.data_root={coco}',
             f'val_dataloader.dataset.data_root={coco}',
-            f'test_dataloader.dataset.data_root={coco}', *extra]
+            f'test_dataloader.dataset.data_root={coco}']
 
 
 def annotation_count(mini_data_root, split):
