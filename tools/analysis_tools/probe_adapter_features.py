@@ -26,17 +26,17 @@ The model is the config's ``model`` (an mmdet detector whose backbone is
 come from the config's ``train_dataloader`` and ``val_dataloader`` datasets through the
 config's test pipeline (no flips or crops), in the frame the features are computed in.
 
-Example (the demo's detection stage)::
+Example (the demo's detection stage; ``CLASSIFIER`` the checkpoint the demo carries into
+it, ``work_dirs/demo/relu/<recipe>/seed<N>/<stage>/iter_200.pth``)::
 
     python tools/analysis_tools/probe_adapter_features.py \\
         configs/demo/mask-rcnn_linvit-adapter-relu-mini_fpn_mini-coco.py \\
-        --cfg-options model.backbone.pretrained=work_dirs/demo/relu/fullcopy-distill/seed1/fullcopy-distill/iter_200.pth \\
+        --cfg-options model.backbone.pretrained=$CLASSIFIER \\
         train_dataloader.dataset.data_root=data/mini/coco_demo/ \\
         val_dataloader.dataset.data_root=data/mini/coco_demo/
 """
 import argparse
 import json
-import sys
 
 import torch
 
