@@ -291,6 +291,38 @@ def test_split_and_flatten_maps_are_inverse():
         split_maps(tokens, [(4, 6)])
 
 
+
+@pytest.mark.parametrize('vit_feature_mode', ['last', 'per_interaction', 'none'])
+def test_roi_align_after_a_neck_conv_reads_the_maps_right(vit_feature_mode):
+    """A detector's RoI features from the adapter's maps match torchvision's RoIAlign.
+
+    mmcv's CPU RoIAlign indexes its input's memory as (B, C, h, w) whatever its strides;
+    maps in channels-last layout (which a neck's convolution keeps) were read scrambled,
+    and the second stage of Mask R-CNN trained on noise.
+    """
+    from mmcv.ops import roi_align as mmcv_roi_align
+    from torchvision.ops import roi_align as torchvision_roi_align
+    options = (dict(add_vit_feature=False) if vit_feature_mode == 'none'
+               else dict(vit_feature_mode=vit_feature_mode))
+    model = make_adapter('relu', **options).eval()
+    torch.manual_seed(2)
+    neck_conv = nn.Conv2d(ARCH['embed_dims'], 8, 3, padding=1)
+    rois = torch.tensor([[0, 4.0, 6.0, 40.0, 50.0], [1, 20.5, 3.0, 90.0, 60.5]])
+    with torch.no_grad():
+        outs = model(images((64, 96), batch=2))
+        for out, stride in zip(outs, STRIDES):
+            assert out.is_contiguous(), f'stride {stride}'
+            feature_map = neck_conv(out)
+            got = mmcv_roi_align(feature_map, rois, (7, 7), 1.0 / stride, 0, 'avg', True)
+            want = torchvision_roi_align(feature_map, rois, (7, 7), 1.0 / stride, 0, True)
+            assert_rel_close(got, want, 1e-5)
+
+
+def test_split_maps_gives_the_standard_layout():
+    maps = split_maps(torch.randn(2, 4 * 6 + 2 * 3, 5), [(4, 6), (2, 3)])
+    assert all(m.is_contiguous() for m in maps)
+
+
 # ---------------------------------------------------------------------------- options
 @pytest.mark.parametrize('attn_type', ['softmax', 'ttt'])
 def test_with_cp_gives_the_same_output_and_gradients(attn_type, monkeypatch):

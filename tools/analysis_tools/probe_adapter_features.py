@@ -84,12 +84,12 @@ def build_detector(cfg, checkpoint, seed):
 
 def vit_feature_map(adapter, images):
     """The ViT's patch tokens after its last block, as a ``(B, C, h, w)`` map."""
+    from linvit_mm.models.adapters.multi_scale import split_maps
     vit = adapter.vit
     tokens, grid = vit.embed(images)
     for layer in vit.layers:
         tokens = layer(tokens, grid)
-    patches = tokens[:, vit.num_extra_tokens:]
-    return patches.transpose(1, 2).reshape(patches.shape[0], -1, *grid)
+    return split_maps(tokens[:, vit.num_extra_tokens:], [grid])[0]
 
 
 def source_maps(model, images):

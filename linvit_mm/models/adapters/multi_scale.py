@@ -77,13 +77,20 @@ def flatten_maps(maps: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def split_maps(tokens: torch.Tensor, grid_shapes: Sequence[GridShape]) -> List[torch.Tensor]:
-    """Inverse of :func:`flatten_maps`: ``(B, N, C)`` -> ``(B, C, h_i, w_i)`` maps."""
+    """Inverse of :func:`flatten_maps`: ``(B, N, C)`` -> ``(B, C, h_i, w_i)`` maps.
+
+    The maps are contiguous in the standard ``(B, C, h, w)`` layout. A plain reshape of
+    the transposed tokens would give channels-last strides, which convolutions keep
+    and pass on to every later map; mmcv's CPU ``RoIAlign`` reads its input's memory
+    as ``(B, C, h, w)`` without checking, so a detector's RoI features would be
+    scrambled.
+    """
     sizes = [h * w for h, w in grid_shapes]
     if sum(sizes) != tokens.shape[1]:
         raise ValueError(f'{tokens.shape[1]} tokens do not hold the grids {list(grid_shapes)} '
                          f'({sum(sizes)} cells)')
     batch, _, channels = tokens.shape
     return [
-        part.transpose(1, 2).reshape(batch, channels, h, w)
+        part.transpose(1, 2).reshape(batch, channels, h, w).contiguous()
         for part, (h, w) in zip(tokens.split(sizes, dim=1), grid_shapes)
     ]

@@ -663,7 +663,10 @@ class LinearViT(BaseBackbone):
             return x[:, 0]
         patch_tokens = x[:, self.num_extra_tokens:]
         if self.out_type == 'featmap':
-            return patch_tokens.reshape(x.shape[0], *hw_shape, -1).permute(0, 3, 1, 2)
+            # contiguous: a permuted view has channels-last strides, which a neck's convs
+            # keep and mmcv's CPU RoIAlign misreads (it indexes memory as B, C, h, w)
+            feature_map = patch_tokens.reshape(x.shape[0], *hw_shape, -1).permute(0, 3, 1, 2)
+            return feature_map.contiguous()
         pooled = patch_tokens.mean(dim=1)
         return self.ln2(pooled) if self.pooled_norm else pooled
 
