@@ -291,7 +291,6 @@ def test_split_and_flatten_maps_are_inverse():
         split_maps(tokens, [(4, 6)])
 
 
-
 @pytest.mark.parametrize('vit_feature_mode', ['last', 'per_interaction', 'none'])
 def test_roi_align_after_a_neck_conv_reads_the_maps_right(vit_feature_mode):
     """A detector's RoI features from the adapter's maps match torchvision's RoIAlign.
