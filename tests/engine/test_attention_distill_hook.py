@@ -1,18 +1,29 @@
 """AttentionDistillHook with the real mmengine Runner on the generated mini ImageNet set."""
 import copy
+import logging
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import types
+
 import pytest
 import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
+from mmengine.logging import MMLogger
 from mmengine.runner import Runner
+from mmpretrain.registry import MODELS
+from mmpretrain.structures import DataSample
 
 import linvit_mm.engine  # noqa: F401
+import linvit_mm.models  # noqa: F401
+from linvit_mm.engine import AttentionDistillHook
+from linvit_mm.models import LinearViT
+from linvit_mm.testing.staged import TINY_ARCH, tiny_vit_cfg, write_softmax_teacher
+from linvit_mm.testing.staged import teacher_cfg as peaked_teacher_cfg
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / 'tests' / 'data' / 'configs' / 'tiny_cls_mini.py'
@@ -183,39 +194,6 @@ def test_teacher_sees_the_mixed_batch(tmp_path, mini_data_root, teacher_ckpt):
         assert not torch.allclose(teacher_input, unmixed)
 
 
-@pytest.mark.parametrize('attn_type', ['relu', 'elu', 'inline'])
-def test_map_target(tmp_path, mini_data_root, teacher_ckpt, attn_type):
-    cfg = make_cfg(tmp_path, mini_data_root, teacher_ckpt, attn_type=attn_type, target='map',
-                   max_iters=1)
-    _, recorder = run(cfg)
-    assert recorder.losses[0]['loss_distill'] > 0
-
-
-@pytest.mark.parametrize('attn_type', ['mhla', 'ttt'])
-def test_map_target_refused_without_a_map(tmp_path, mini_data_root, teacher_ckpt, attn_type):
-    cfg = make_cfg(tmp_path, mini_data_root, teacher_ckpt, attn_type=attn_type, target='map',
-                   max_iters=1)
-    with pytest.raises(ValueError, match=f"target='map' needs attention maps.*{attn_type}"):
-        run(cfg)
-
-
-@pytest.mark.parametrize('attn_type', ['mhla', 'ttt'])
-def test_students_without_class_token_match_patch_tokens(tmp_path, mini_data_root,
-                                                         teacher_ckpt, attn_type):
-    cfg = make_cfg(tmp_path, mini_data_root, teacher_ckpt, attn_type=attn_type, max_iters=1)
-    runner, recorder = run(cfg)
-    assert distill_hook(runner).patch_tokens_only
-    assert recorder.losses[0]['loss_distill'] > 0
-
-
-def test_stop_iter_and_layer_selection(tmp_path, mini_data_root, teacher_ckpt):
-    cfg = make_cfg(tmp_path, mini_data_root, teacher_ckpt, attn_type='relu', max_iters=3,
-                   stop_iter=2, layers=[1])
-    runner, recorder = run(cfg)
-    assert ['loss_distill' in loss for loss in recorder.losses] == [True, True, False]
-    assert distill_hook(runner).layers == [1]
-
-
 def test_amp_with_distillation(tmp_path, mini_data_root, teacher_ckpt):
     cfg = make_cfg(tmp_path, mini_data_root, teacher_ckpt, attn_type='relu')
     cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
@@ -241,8 +219,28 @@ def test_validation_costs_no_teacher_forward(tmp_path, mini_data_root, teacher_c
     assert calls == [0, 1, 'val']
 
 
+class CountIterations(Hook):
+    priority = 'LOWEST'
+
+    def __init__(self):
+        self.count = 0
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.count += 1
+
+
+def test_a_teacher_that_does_not_fit_stops_the_run_before_iteration_one(tmp_path,
+                                                                      mini_data_root):
+    cfg = make_cfg(tmp_path, mini_data_root, None, attn_type='relu', max_iters=1,
+                   teacher=teacher_cfg(None, arch=dict(ARCH, num_heads=4)))
+    iterations = CountIterations()
+    with pytest.raises(ValueError, match=r"teacher's head count \(num_heads\) differs"):
+        run(cfg, extra_hooks=[iterations])
+    assert iterations.count == 0
+    assert not list(tmp_path.glob('*.pth'))
+
+
 def test_bad_configuration_is_refused(teacher_ckpt):
-    from linvit_mm.engine import AttentionDistillHook
     with pytest.raises(ValueError, match='unknown distillation target'):
         AttentionDistillHook(teacher=teacher_cfg(teacher_ckpt), target='logits')
     with pytest.raises(TypeError, match='model config dict'):
@@ -259,13 +257,11 @@ def test_bad_configuration_is_refused(teacher_ckpt):
 ])
 def test_loss_weight_must_be_a_finite_non_negative_number(teacher_ckpt, loss_weight, error,
                                                           message):
-    from linvit_mm.engine import AttentionDistillHook
     with pytest.raises(error, match=message):
         AttentionDistillHook(teacher=teacher_cfg(teacher_ckpt), loss_weight=loss_weight)
 
 
 def test_loss_weight_zero_and_integers_are_accepted(teacher_ckpt):
-    from linvit_mm.engine import AttentionDistillHook
     assert AttentionDistillHook(teacher=teacher_cfg(teacher_ckpt), loss_weight=0).loss_weight == 0
     assert AttentionDistillHook(teacher=teacher_cfg(teacher_ckpt), loss_weight=50).loss_weight == 50
 
@@ -284,74 +280,8 @@ def test_loss_weight_zero_and_integers_are_accepted(teacher_ckpt):
     (dict(student=''), TypeError, 'student must be the path of a module'),
 ])
 def test_bad_arguments_are_refused_at_construction(teacher_ckpt, kwargs, error, message):
-    from linvit_mm.engine import AttentionDistillHook
     with pytest.raises(error, match=message):
         AttentionDistillHook(teacher=teacher_cfg(teacher_ckpt), **kwargs)
-
-
-class CountIterations(Hook):
-    priority = 'LOWEST'
-
-    def __init__(self):
-        self.count = 0
-
-    def before_train_iter(self, runner, batch_idx, data_batch=None):
-        self.count += 1
-
-
-@pytest.mark.parametrize('attn_type, teacher, hook_kwargs, message', [
-    ('relu', dict(arch=dict(ARCH, embed_dims=64, feedforward_channels=128)), {},
-     r"teacher's width \(embed_dims\) differs.*block 0: 32 vs 64; block 1: 32 vs 64"),
-    ('relu', dict(arch=dict(ARCH, num_heads=4)), dict(layers=[1]),
-     r"teacher's head count \(num_heads\) differs.*\(student vs teacher: block 1: 2 vs 4\)"),
-    ('relu', dict(patch_size=16), {},
-     r'teacher cuts \(16, 16\) patches, the student \(8, 8\).*patch_size'),
-    ('relu', dict(attn_type='relu'), {},
-     r"teacher's attention is \['relu'\], not Softmax.*allow_non_softmax_teacher=True"),
-    ('relu', dict(attn_type='ttt'), dict(target='map', allow_non_softmax_teacher=True),
-     r"target='map' needs attention maps, which the \['ttt'\] operator\(s\) of the teacher"),
-    ('relu', dict(arch=dict(ARCH, num_layers=3)), {},
-     'teacher has 3 attention blocks, the student 2'),
-    ('mhla', {}, dict(layers=[2]), r'layers \[2\] are outside the 2 blocks'),
-])
-def test_teacher_that_does_not_fit_is_refused_before_iteration_one(
-        tmp_path, mini_data_root, attn_type, teacher, hook_kwargs, message):
-    cfg = make_cfg(tmp_path, mini_data_root, None, attn_type=attn_type, max_iters=1,
-                   teacher=teacher_cfg(None, **teacher), **hook_kwargs)
-    iterations = CountIterations()
-    with pytest.raises(ValueError, match=message):
-        run(cfg, extra_hooks=[iterations])
-    assert iterations.count == 0
-    assert not list(tmp_path.glob('*.pth'))
-
-
-def test_every_mismatch_is_named_in_one_error(tmp_path, mini_data_root):
-    teacher = teacher_cfg(None, attn_type='elu', patch_size=16,
-                          arch=dict(ARCH, embed_dims=64, num_heads=4, feedforward_channels=128))
-    cfg = make_cfg(tmp_path, mini_data_root, None, max_iters=1, teacher=teacher)
-    with pytest.raises(ValueError) as error:
-        run(cfg)
-    assert all(part in str(error.value) for part in (
-        'not Softmax', 'width (embed_dims)', 'head count (num_heads)', 'patch_size'))
-
-
-def test_non_softmax_teacher_when_allowed_trains_and_warns(tmp_path, mini_data_root,
-                                                          teacher_ckpt):
-    cfg = make_cfg(tmp_path, mini_data_root, None, attn_type='relu', max_iters=1,
-                   teacher=teacher_cfg(teacher_ckpt, attn_type='elu'),
-                   allow_non_softmax_teacher=True)
-    _, recorder = run(cfg)
-    assert recorder.losses[0]['loss_distill'] > 0
-    log = next(tmp_path.glob('*/*.log')).read_text()
-    assert re.search(r"WARNING - AttentionDistillHook: distilling from a non-Softmax teacher "
-                     r"\(\['elu'\] attention\), allowed by allow_non_softmax_teacher=True", log)
-
-
-def test_softmax_teacher_logs_no_warning(tmp_path, mini_data_root, teacher_ckpt):
-    cfg = make_cfg(tmp_path, mini_data_root, teacher_ckpt, attn_type='relu', max_iters=1,
-                   allow_non_softmax_teacher=True)
-    run(cfg)
-    assert 'non-Softmax teacher' not in next(tmp_path.glob('*/*.log')).read_text()
 
 
 def test_dist_train_with_the_hook_logs_loss_distill(tmp_path, mini_data_root, teacher_ckpt):
@@ -376,30 +306,376 @@ def test_dist_train_with_the_hook_logs_loss_distill(tmp_path, mini_data_root, te
     assert len(re.findall(r'Iter\(train\) \[\s*\d+/2\].*loss_distill: [\d.]+', log)) == 2
 
 
-def test_a_hybrid_student_skips_its_softmax_blocks_unless_listed(tmp_path, mini_data_root,
-                                                                 teacher_ckpt):
-    # The teacher's weights in a [relu, softmax] hybrid: block 1 is the teacher's own block,
-    # but its input differs from the teacher's by what relu changed in block 0.
-    hybrid = ['relu', 'softmax']
-    skipped = make_cfg(tmp_path / 'default', mini_data_root, teacher_ckpt, attn_type=hybrid,
-                       student_from_teacher=True, max_iters=1)
-    runner, recorder = run(skipped)
-    default = recorder.losses[0]
-    assert distill_hook(runner)._student_rec.layer_ids == [0]
-    log = next((tmp_path / 'default').glob('*/*.log')).read_text()
-    assert re.search(r'the student is a hybrid; its Softmax blocks \[1\] run the teacher\'s '
-                     r'operator and are not matched', log)
-    listed = make_cfg(tmp_path / 'listed', mini_data_root, teacher_ckpt, attn_type=hybrid,
-                      student_from_teacher=True, max_iters=1, layers=[0, 1])
-    runner, recorder = run(listed)
-    matched = recorder.losses[0]
-    assert distill_hook(runner)._student_rec.layer_ids == [0, 1]
-    assert 'not matched' not in next((tmp_path / 'listed').glob('*/*.log')).read_text()
-    # same weights, same batch: listing block 1 adds its (nonzero) term
-    assert default['loss_task'] == pytest.approx(matched['loss_task'])
-    assert 0 < default['loss_distill'] < matched['loss_distill']
+# ---------------------------------------------------------------------------------------
+# The loss by value, and the set-up checks, on the hook alone (no Runner): the hook needs
+# only the model, a logger and the loop counters of a runner.
+#
+# Each value case drives the hook's own training-time path (``before_train`` on the
+# classifier, the pre-forward hook that runs the teacher, the forward hook that adds
+# ``loss_distill``) and compares what it adds with a loss computed here without the hook's
+# code: the attention outputs (or maps) of each block are read off the student and off an
+# independently loaded copy of the teacher with plain forward hooks, the compared tokens
+# are cut by hand, and the loss is ``loss_weight * sum over the listed blocks of
+# mean((student - teacher) ** 2)``. The student's gradient is checked against autograd of
+# that hand-computed loss, so a detached or mis-weighted term is seen too.
+
+NUM_BLOCKS = TINY_ARCH['num_layers']
+GRID = 4 * 4  # 32 px images, 8 px patches
+WIDTH = TINY_ARCH['embed_dims']
 
 
-def test_a_softmax_student_still_matches_every_block(tmp_path, mini_data_root, teacher_ckpt):
-    runner, _ = run(make_cfg(tmp_path, mini_data_root, teacher_ckpt, max_iters=1))
-    assert distill_hook(runner)._student_rec.layer_ids == [0, 1]
+@pytest.fixture(scope='module')
+def peaked_teacher(tmp_path_factory):
+    return write_softmax_teacher(tmp_path_factory.mktemp('distill_values') / 'teacher.pth')
+
+
+def classifier(attn_type, seed=1, arch=TINY_ARCH, **backbone):
+    """A tiny classifier whose backbone is a LinearViT of ``attn_type`` (random weights)."""
+    torch.manual_seed(seed)
+    model = MODELS.build(dict(
+        type='ImageClassifier', backbone=tiny_vit_cfg(attn_type, arch=arch, **backbone),
+        head=dict(type='LinearClsHead', num_classes=3, in_channels=WIDTH)))
+    model.init_weights()
+    return model.train()
+
+
+def fake_runner(model, iteration=0, epoch=0):
+    logger = MMLogger.get_instance('test_distill_loss_values')
+    return types.SimpleNamespace(model=model, logger=logger, iter=iteration, epoch=epoch)
+
+
+def batch(seed=0, size=2):
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(size, 3, 32, 32, generator=generator)
+    samples = [DataSample().set_gt_label(i % 3) for i in range(size)]
+    return images, samples
+
+
+def independent_teacher(peaked_teacher):
+    """The teacher's checkpoint in a LinearViT built and loaded here, not by the hook."""
+    cfg = tiny_vit_cfg('softmax')
+    cfg.pop('type')
+    teacher = LinearViT(**cfg)
+    state = torch.load(str(peaked_teacher), map_location='cpu', weights_only=True)['state_dict']
+    teacher.load_state_dict({k[len('backbone.'):]: v for k, v in state.items()}, strict=True)
+    return teacher.eval().requires_grad_(False)
+
+
+def capture(vit, what='output'):
+    """Per block: what its attention module returns (``'output'``) or its map (``'map'``),
+    recorded with ordinary forward hooks; the student's keep their autograd graph."""
+    captured = {}
+    handles = []
+    for index, layer in enumerate(vit.layers):
+        def record(module, args, output, index=index):
+            if what == 'output':
+                captured[index] = output
+            else:
+                captured[index] = module.attention_map(*args)
+        handles.append(layer.attn.register_forward_hook(record))
+    return captured, handles
+
+
+def hand_loss(student, teacher, blocks, loss_weight, student_tokens, teacher_tokens,
+              is_map=False):
+    """``loss_weight * sum_b mean((s_b - t_b)**2)`` over the given token slices."""
+    total = 0.
+    for b in blocks:
+        s, t = student[b], teacher[b]
+        if is_map:
+            s = s[..., student_tokens, student_tokens]
+            t = t[..., teacher_tokens, teacher_tokens]
+        else:
+            s, t = s[:, student_tokens], t[:, teacher_tokens]
+        assert s.shape == t.shape
+        total = total + ((s - t) ** 2).mean()
+    return loss_weight * total
+
+
+def distil_once(attn_type, peaked_teacher, loss_weight=50., backbone=None, **hook_kwargs):
+    """One training forward of a classifier with the hook; returns what the hook added,
+    the hand-computed loss and the model, with the student's outputs/maps captured."""
+    model = classifier(attn_type, **(backbone or {}))
+    hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher), loss_weight=loss_weight,
+                                **hook_kwargs)
+    runner = fake_runner(model)
+    hook.before_train(runner)
+    hook.before_train_iter(runner, 0)
+    what = 'map' if hook.target == 'map' else 'output'
+    student_values, handles = capture(model.backbone, what)
+    images, samples = batch()
+    losses = model(images, samples, mode='loss')
+    for handle in handles:
+        handle.remove()
+    teacher = independent_teacher(peaked_teacher)
+    teacher_values, handles = capture(teacher, what)
+    with torch.no_grad():
+        teacher(images)
+    for handle in handles:
+        handle.remove()
+    hook.after_train_iter(runner, 0)
+    return hook, model, losses, student_values, teacher_values
+
+
+ALL = slice(None)
+PATCHES = slice(-GRID, None)
+TEACHER_PATCHES = slice(1, None)  # the teacher keeps a class token before its 16 patches
+
+
+@pytest.mark.parametrize('attn_type, backbone, hook_kwargs, blocks, tokens', [
+    pytest.param('relu', {}, {}, [0, 1, 2], (ALL, ALL), id='class-token-student'),
+    pytest.param('elu', {}, dict(patch_tokens_only=True), [0, 1, 2], (PATCHES, TEACHER_PATCHES),
+                 id='patch-tokens-only'),
+    pytest.param('mhla', {}, {}, [0, 1, 2], (ALL, TEACHER_PATCHES), id='mhla-no-class-token'),
+    pytest.param('ttt', {}, {}, [0, 1, 2], (ALL, TEACHER_PATCHES), id='ttt-no-class-token'),
+    pytest.param('relu', {}, dict(layers=[2, 0]), [0, 2], (ALL, ALL), id='layers-listed'),
+    pytest.param('relu', {}, dict(layers=[-1]), [2], (ALL, ALL), id='layers-negative'),
+    pytest.param(['relu', 'softmax', 'elu'], {}, {}, [0, 2], (ALL, ALL), id='hybrid-default'),
+    pytest.param(['relu', 'softmax', 'elu'], {}, dict(layers=[1]), [1], (ALL, ALL),
+                 id='hybrid-softmax-block-listed'),
+    pytest.param(['ttt', 'softmax', 'mhla'], dict(with_cls_token=False), {}, [0, 2],
+                 (ALL, TEACHER_PATCHES), id='hybrid-without-class-token'),
+])
+def test_loss_distill_is_the_weighted_sum_of_block_mses(peaked_teacher, attn_type, backbone,
+                                                       hook_kwargs, blocks, tokens):
+    hook, model, losses, student, teacher = distil_once(attn_type, peaked_teacher,
+                                                        loss_weight=7.5, backbone=backbone,
+                                                        **hook_kwargs)
+    assert hook._student_rec.layer_ids == blocks
+    expected = hand_loss(student, teacher, blocks, 7.5, *tokens)
+    torch.testing.assert_close(losses['loss_distill'], expected, rtol=1e-6, atol=0)
+    assert expected > 0
+    # the student's gradient is autograd's of the hand-computed loss
+    params = [p for p in model.backbone.parameters() if p.requires_grad]
+    got = torch.autograd.grad(losses['loss_distill'], params, retain_graph=True,
+                              allow_unused=True)
+    want = torch.autograd.grad(expected, params, allow_unused=True)
+    for (name, _), g, w in zip(model.backbone.named_parameters(), got, want):
+        if w is None:
+            assert g is None or not g.any(), name
+        else:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-9, msg=name)
+
+
+def test_the_loss_sums_over_blocks_rather_than_averaging(peaked_teacher):
+    _, _, every, student, teacher = distil_once('relu', peaked_teacher, loss_weight=1.)
+    per_block = [hand_loss(student, teacher, [b], 1., ALL, ALL) for b in range(NUM_BLOCKS)]
+    torch.testing.assert_close(every['loss_distill'], sum(per_block), rtol=1e-6, atol=0)
+    # and each block's term is a mean over batch, tokens and channels, not a sum
+    s, t = student[0], teacher[0]
+    assert float(per_block[0]) == pytest.approx(float(((s - t) ** 2).sum()) / s.numel(),
+                                                rel=1e-6)
+
+
+@pytest.mark.parametrize('loss_weight', [0., 1., 50.])
+def test_loss_weight_scales_the_loss(peaked_teacher, loss_weight):
+    _, _, losses, student, teacher = distil_once('relu', peaked_teacher, loss_weight=loss_weight)
+    expected = hand_loss(student, teacher, range(NUM_BLOCKS), loss_weight, ALL, ALL)
+    torch.testing.assert_close(losses['loss_distill'], expected, rtol=1e-6, atol=0)
+
+
+def test_default_loss_weight_is_the_papers_fifty(peaked_teacher):
+    model = classifier('relu')
+    hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher))
+    assert hook.loss_weight == 50.
+
+
+@pytest.mark.parametrize('attn_type', ['relu', 'inline'])
+def test_map_target_compares_the_maps(peaked_teacher, attn_type):
+    _, _, losses, student, teacher = distil_once(attn_type, peaked_teacher, loss_weight=3.,
+                                                 target='map')
+    assert student[0].shape == teacher[0].shape == (2, TINY_ARCH['num_heads'], 17, 17)
+    expected = hand_loss(student, teacher, range(NUM_BLOCKS), 3., ALL, ALL, is_map=True)
+    torch.testing.assert_close(losses['loss_distill'], expected, rtol=1e-6, atol=0)
+
+
+def test_map_target_on_patch_tokens_cuts_both_axes(peaked_teacher):
+    _, _, losses, student, teacher = distil_once('relu', peaked_teacher, loss_weight=3.,
+                                                 target='map', patch_tokens_only=True)
+    expected = hand_loss(student, teacher, range(NUM_BLOCKS), 3., PATCHES, TEACHER_PATCHES,
+                         is_map=True)
+    torch.testing.assert_close(losses['loss_distill'], expected, rtol=1e-6, atol=0)
+
+
+def test_the_teacher_is_frozen_and_gets_no_gradient(peaked_teacher):
+    hook, model, losses, _, _ = distil_once('relu', peaked_teacher)
+    assert hook.teacher is not None and not hook.teacher.training
+    assert not any(p.requires_grad for p in hook.teacher.parameters())
+    total = losses['loss_distill'] + losses['loss_task']
+    total.backward()
+    assert all(p.grad is None for p in hook.teacher.parameters())
+    assert any(p.grad is not None and p.grad.any() for p in model.backbone.parameters())
+
+
+def test_the_teacher_loads_its_checkpoint(peaked_teacher):
+    hook, *_ = distil_once('relu', peaked_teacher)
+    reference = independent_teacher(peaked_teacher).state_dict()
+    state = hook.teacher.state_dict()
+    assert state.keys() == reference.keys()
+    for key, value in reference.items():
+        assert torch.equal(state[key], value), key
+
+
+def test_the_task_loss_is_kept_beside_the_distillation_loss(peaked_teacher):
+    model = classifier('relu')
+    images, samples = batch()
+    plain = model(images, samples, mode='loss')
+    _, _, losses, _, _ = distil_once('relu', peaked_teacher)
+    # the head's 'loss' is renamed so that parse_losses' total keeps the name 'loss'
+    assert set(losses) == {'loss_task', 'loss_distill'} and set(plain) == {'loss'}
+    torch.testing.assert_close(losses['loss_task'], plain['loss'])
+
+
+@pytest.mark.parametrize('counters, distilling', [
+    (dict(iteration=1), True), (dict(iteration=2), False), (dict(iteration=5), False)])
+def test_stop_iter_switches_the_loss_off_from_that_iteration(peaked_teacher, counters,
+                                                             distilling):
+    model = classifier('relu')
+    hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher), stop_iter=2)
+    runner = fake_runner(model, **counters)
+    hook.before_train(runner)
+    hook.before_train_iter(runner, 0)
+    losses = model(*batch(), mode='loss')
+    assert ('loss_distill' in losses) == distilling
+
+
+def test_stop_epoch_switches_the_loss_off_from_that_epoch(peaked_teacher):
+    model = classifier('relu')
+    hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher), stop_epoch=1)
+    for epoch, distilling in ((0, True), (1, False)):
+        runner = fake_runner(model, epoch=epoch)
+        if hook.teacher is None:
+            hook.before_train(runner)
+        hook.before_train_iter(runner, 0)
+        assert ('loss_distill' in model(*batch(), mode='loss')) == distilling
+        hook.after_train_iter(runner, 0)
+
+
+def test_no_loss_outside_training_forwards(peaked_teacher):
+    model = classifier('relu')
+    hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher))
+    runner = fake_runner(model)
+    hook.before_train(runner)
+    hook.before_train_iter(runner, 0)
+    model.eval()
+    assert 'loss_distill' not in model(*batch(), mode='loss')
+    model.train()
+    hook.after_train_iter(runner, 0)
+    # between iterations (e.g. a validation loop's forward) nothing is added
+    assert 'loss_distill' not in model(*batch(), mode='loss')
+    hook.after_train(runner)
+    assert hook.teacher is None
+    hook.before_train_iter(runner, 0)
+    assert 'loss_distill' not in model(*batch(), mode='loss')
+
+
+# --------------------------------------------------------------- set-up checks, no Runner
+def set_up(attn_type, teacher, arch=ARCH, **hook_kwargs):
+    """``before_train`` of a hook with ``teacher`` on a tiny classifier of ``attn_type``;
+    returns the hook and the records the run's logger received."""
+    model = classifier(attn_type, arch=arch)
+    hook = AttentionDistillHook(teacher=teacher, **hook_kwargs)
+    runner = fake_runner(model)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    runner.logger.addHandler(handler)
+    try:
+        hook.before_train(runner)
+    finally:
+        runner.logger.removeHandler(handler)
+    return hook, records
+
+
+@pytest.mark.parametrize('attn_type', ['mhla', 'ttt'])
+def test_map_target_refused_without_a_map(teacher_ckpt, attn_type):
+    with pytest.raises(ValueError, match=f"target='map' needs attention maps.*{attn_type}"):
+        set_up(attn_type, teacher_cfg(teacher_ckpt), target='map')
+
+
+@pytest.mark.parametrize('attn_type, teacher, hook_kwargs, message', [
+    ('relu', dict(arch=dict(ARCH, embed_dims=64, feedforward_channels=128)), {},
+     r"teacher's width \(embed_dims\) differs.*block 0: 32 vs 64; block 1: 32 vs 64"),
+    ('relu', dict(arch=dict(ARCH, num_heads=4)), dict(layers=[1]),
+     r"teacher's head count \(num_heads\) differs.*\(student vs teacher: block 1: 2 vs 4\);"),
+    ('relu', dict(patch_size=16), {},
+     r'teacher cuts \(16, 16\) patches, the student \(8, 8\).*patch_size'),
+    ('relu', dict(attn_type='relu'), {},
+     r"teacher's attention is \['relu'\], not Softmax.*allow_non_softmax_teacher=True"),
+    ('relu', dict(attn_type='ttt'), dict(target='map', allow_non_softmax_teacher=True),
+     r"target='map' needs attention maps, which the \['ttt'\] operator\(s\) of the teacher"),
+    ('relu', dict(arch=dict(ARCH, num_layers=3)), {},
+     'teacher has 3 attention blocks, the student 2'),
+    ('mhla', {}, dict(layers=[2]), r'layers \[2\] are outside the 2 blocks'),
+    ('mhla', {}, dict(layers=[-3]), r'layers \[-3\] are outside the 2 blocks'),
+])
+def test_teacher_that_does_not_fit_is_refused(attn_type, teacher, hook_kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        set_up(attn_type, teacher_cfg(None, **teacher), **hook_kwargs)
+
+
+def test_heads_are_checked_only_on_the_distilled_blocks():
+    # the head count differs in every block; only block 1 is listed, only it is named
+    with pytest.raises(ValueError) as error:
+        set_up('relu', teacher_cfg(None, arch=dict(ARCH, num_heads=4)), layers=[1])
+    assert 'block 0' not in str(error.value)
+
+
+def test_every_mismatch_is_named_in_one_error():
+    teacher = teacher_cfg(None, attn_type='elu', patch_size=16,
+                          arch=dict(ARCH, embed_dims=64, num_heads=4, feedforward_channels=128))
+    with pytest.raises(ValueError) as error:
+        set_up('softmax', teacher)
+    assert all(part in str(error.value) for part in (
+        'not Softmax', 'width (embed_dims)', 'head count (num_heads)', 'patch_size'))
+
+
+def test_a_student_without_the_named_module_or_attention_is_refused(teacher_ckpt):
+    with pytest.raises(ValueError, match="the model has no module 'vit'"):
+        set_up('relu', teacher_cfg(teacher_ckpt), student='vit')
+    with pytest.raises(ValueError, match="'head' holds no attention operator"):
+        set_up('relu', teacher_cfg(teacher_ckpt), student='head')
+
+
+def test_non_softmax_teacher_when_allowed_warns(teacher_ckpt):
+    _, records = set_up('relu', teacher_cfg(teacher_ckpt, attn_type='elu'),
+                        allow_non_softmax_teacher=True)
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert warnings == ["AttentionDistillHook: distilling from a non-Softmax teacher (['elu'] "
+                        'attention), allowed by allow_non_softmax_teacher=True']
+
+
+def test_softmax_teacher_logs_no_warning(teacher_ckpt):
+    _, records = set_up('relu', teacher_cfg(teacher_ckpt), allow_non_softmax_teacher=True)
+    assert not [r for r in records if r.levelno >= logging.WARNING]
+
+
+def test_a_hybrid_student_says_which_softmax_blocks_it_skips(teacher_ckpt):
+    hook, records = set_up(['relu', 'softmax'], teacher_cfg(teacher_ckpt))
+    assert hook._student_rec.layer_ids == [0]
+    infos = [r.getMessage() for r in records if r.levelno == logging.INFO]
+    assert any(re.search(r"the student is a hybrid; its Softmax blocks \[1\] run the teacher's "
+                         r'operator and are not matched', m) for m in infos), infos
+    hook, records = set_up(['relu', 'softmax'], teacher_cfg(teacher_ckpt), layers=[0, 1])
+    assert hook._student_rec.layer_ids == [0, 1]
+    assert not any('not matched' in r.getMessage() for r in records)
+
+
+def test_a_softmax_student_still_matches_every_block(teacher_ckpt):
+    hook, _ = set_up('softmax', teacher_cfg(teacher_ckpt))
+    assert hook._student_rec.layer_ids == [0, 1]
+
+
+def test_the_teacher_is_built_frozen_in_eval_mode(teacher_ckpt):
+    hook, _ = set_up('relu', teacher_cfg(teacher_ckpt, drop_path_rate=0.5))
+    assert not hook.teacher.training
+    assert not any(module.training for module in hook.teacher.modules())
+    assert not any(p.requires_grad for p in hook.teacher.parameters())
+
+
+@pytest.mark.parametrize('attn_type, patch_tokens_only, expected', [
+    ('relu', None, False), ('relu', True, True), ('mhla', None, True), ('ttt', False, True)])
+def test_patch_tokens_only_is_forced_for_students_without_class_token(
+        teacher_ckpt, attn_type, patch_tokens_only, expected):
+    hook, _ = set_up(attn_type, teacher_cfg(teacher_ckpt), patch_tokens_only=patch_tokens_only)
+    assert hook.patch_tokens_only is expected

@@ -94,6 +94,16 @@ def align_tokens(student, teacher, num_patches, patch_only, is_map=False):
 class AttentionDistillHook(Hook):
     """Adds ``loss_weight * sum_blocks MSE(student_attn_out, teacher_attn_out)`` to the loss.
 
+    Exactly: ``loss_distill = loss_weight * sum over the distilled blocks b of
+    mean((s_b - t_b) ** 2)``, a **sum** over blocks (as in the paper's formula) of per-block
+    mean squared errors, each a **mean** over batch, compared tokens and channels (over
+    batch, heads and both token axes for ``target='map'``). ``s_b`` is what block ``b``'s
+    attention module returns (after ``proj``), ``t_b`` the same of the teacher's block
+    ``b``. The compared tokens: all of them when both sides carry the same tokens; the
+    patch tokens alone (the last ``H*W`` of each sequence, so a teacher's class token is
+    never matched with a student's first patch) when the student has no class token or
+    ``patch_tokens_only`` is set.
+
     The teacher is built from its own config (and checkpoint, through its
     ``init_cfg``) in ``before_train``, on the student's device, frozen and in eval
     mode. It is held by this hook (``hook.teacher``, between ``before_train`` and
