@@ -320,3 +320,43 @@ def test_align_checkpoint_of_another_operator_refused_by_next_stage(teacher_path
         load_linear_vit_checkpoint(elu, str(path))
     assert all(torch.equal(v, before[k]) for k, v in elu.state_dict().items())
     assert isinstance(model, AttentionAligner)
+
+
+@pytest.mark.parametrize('attn_type, patch_tokens_only', [
+    ('relu', None), ('relu', True), ('ttt', None), (['relu', 'softmax', 'elu'], None)],
+    ids=['class-token', 'patch-tokens-only', 'no-class-token', 'hybrid'])
+def test_align_loss_by_hand(attn_type, patch_tokens_only, teacher_path):
+    """``loss_weight * sum over the trained blocks of mean((s_b - t_b) ** 2)``, where ``t_b`` is
+    the teacher's block-``b`` attention output and ``s_b`` the student block's attention on
+    the teacher's own input to block ``b``; computed here with plain hooks on the teacher."""
+    model = build(teacher_path, attn_type, loss_weight=3.0, with_cp=False,
+                  patch_tokens_only=patch_tokens_only)
+    x = images()
+    inputs, outputs = {}, {}
+    handles = []
+    for b, layer in enumerate(model.teacher.layers):
+        handles.append(layer.register_forward_pre_hook(
+            lambda module, args, b=b: inputs.__setitem__(b, args[0])))
+        handles.append(layer.attn.register_forward_hook(
+            lambda module, args, out, b=b: outputs.__setitem__(b, out)))
+    with torch.no_grad():
+        model.teacher(x)
+    for handle in handles:
+        handle.remove()
+    student_has_cls = model.backbone.with_cls_token
+    compare_patches = patch_tokens_only or not student_has_cls
+    expected = 0.
+    for b in model.layer_ids:
+        block_input = inputs[b] if student_has_cls else inputs[b][:, 1:]
+        block = model.backbone.layers[b]
+        s = block.attn(block.ln1(block.attn.encode_position(block_input, (4, 4))), (4, 4))
+        t = outputs[b]
+        if compare_patches:
+            s, t = s[:, -16:], t[:, 1:]
+        expected = expected + ((s - t) ** 2).mean()
+    expected = 3.0 * expected
+    loss = model(x, mode='loss')['loss_align']
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+    params = [p for p in model.backbone.parameters() if p.requires_grad]
+    for got, want in zip(torch.autograd.grad(loss, params), torch.autograd.grad(expected, params)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-9)

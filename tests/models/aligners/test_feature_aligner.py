@@ -40,6 +40,12 @@ def test_align_feat_losses_are_weighted_mse_and_cosine_of_final_tokens(attn_type
             raw = layer(raw, hw)
         final = model.teacher.ln1(raw)
     torch.testing.assert_close(teacher, final[:, 17 - tokens:])
+    # and the student's: its own final normed tokens, with the gradient path intact
+    raw, hw = model.backbone.embed(x)
+    for layer in model.backbone.layers:
+        raw = layer(raw, hw)
+    torch.testing.assert_close(student, model.backbone.ln1(raw))
+    assert student.requires_grad
     losses = model(x, mode='loss')
     torch.testing.assert_close(losses['loss_feat_mse'], 2.0 * F.mse_loss(student, teacher))
     torch.testing.assert_close(losses['loss_feat_cos'],
