@@ -59,7 +59,7 @@ class BlockLayout(NamedTuple):
         return is_tracing() or (self.padded_h, self.padded_w) != tuple(hw_shape)
 
 
-def distance_mixing_matrix(num_blocks, mode='linear'):
+def distance_mixing_matrix(num_blocks, mode='linear', dtype=None):
     """Initial ``M x M`` block-mixing weights: nearer blocks weigh more, columns sum to 1.
 
     Block centres sit on the block lattice (one unit per block, whatever the block
@@ -67,7 +67,8 @@ def distance_mixing_matrix(num_blocks, mode='linear'):
     largest value. ``'linear'``: ``1 - d / d_max`` (the farthest pair starts at 0);
     ``'cos'``: ``cos(pi/4 * d / d_max)``. Column ``j`` holds how block ``j``'s summary
     is shared among the blocks that read it, normalised to total 1 (MHLA paper and
-    its public code). A single block gets weight 1.
+    its public code). A single block gets weight 1. Computed in float64, returned in
+    ``dtype`` (default: torch's default dtype, that of the module's other parameters).
     """
     if mode not in MIXING_INITS:
         raise ValueError(f'unknown mixing_init {mode!r}; valid choices are: '
@@ -84,7 +85,8 @@ def distance_mixing_matrix(num_blocks, mode='linear'):
         weights = 1. - distance / max_distance
     else:
         weights = torch.cos(distance / max_distance * (math.pi / 4))
-    return (weights / weights.sum(dim=0, keepdim=True)).float()
+    weights = weights / weights.sum(dim=0, keepdim=True)
+    return weights.to(torch.get_default_dtype() if dtype is None else dtype)
 
 
 def _dense(t):
@@ -193,18 +195,6 @@ class MultiHeadLinearAttention(BaseAttention):
         # the -(-H // rows) form would floor instead in an exported graph
         return BlockLayout(rows, cols, (H + rows - 1) // rows, (W + cols - 1) // cols)
 
-    def _split(self, x, hw_shape):
-        """Heads of features and values, the raw values for the convolution, extra count."""
-        num_extra = self.num_extra_tokens(x, hw_shape)
-        self.block_layout(hw_shape)  # rejects an empty grid before any work
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        q, k = self.q_norm(q), self.k_norm(k)
-        heads = [self.split_heads(t, num_parts=1)[0] for t in (q, k, v)]
-        return heads, v, num_extra
-
-    def _features(self, q, k):
-        return F.relu(q) + self.feature_floor, F.relu(k) + self.feature_floor
-
     def _stacked_features(self, qk):
         """``phi`` of a tensor holding queries and keys, in one pass plus an in-place add.
 
@@ -214,32 +204,19 @@ class MultiHeadLinearAttention(BaseAttention):
         phi = F.threshold(qk, 0., 0.)
         return phi.add_(self.feature_floor) if self.feature_floor else phi
 
-    def _local_values(self, patch_values, hw_shape, fast_backward=True):
+    def _local_values(self, patch_values, hw_shape):
         """Depthwise convolution of ``(B, H*W, C)`` patch values -> ``(B, H*W, C)``.
 
         The token-major values are already an ``H x W x C`` image: read as a
         channels-last NCHW view they need no transposing copy, and oneDNN's
         channels-last depthwise kernel is several times faster than the NCHW one; the
         output, channels-last too, reads back as tokens without a copy.
-        ``fast_backward`` selects ``ops.depthwise_conv2d``'s backward; the reference
-        keeps PyTorch's, so the tests compare the two.
         """
         B, _, C = patch_values.shape
         image = patch_values.reshape(B, *hw_shape, C).permute(0, 3, 1, 2)
-        if fast_backward:
-            conv = self.value_conv
-            local = depthwise_conv2d(image, conv.weight, conv.bias, conv.padding[0])
-        else:
-            local = self.value_conv(image)
+        conv = self.value_conv
+        local = depthwise_conv2d(image, conv.weight, conv.bias, conv.padding[0])
         return local.permute(0, 2, 3, 1).reshape(B, -1, C)
-
-    def _reference_value_conv(self, v, hw_shape, num_extra):
-        """Depthwise convolution of the patch values in image layout; zero for extra tokens.
-
-        The reference's form, with PyTorch's own convolution backward.
-        """
-        local = self._local_values(v[:, num_extra:], hw_shape, fast_backward=False)
-        return F.pad(local, (0, 0, num_extra, 0))
 
     @staticmethod
     def _to_blocks(t, hw_shape, layout):
@@ -365,37 +342,90 @@ class MultiHeadLinearAttention(BaseAttention):
             out = torch.cat([out_extra, out], dim=1)
         return self.project(out)
 
+    # ------------------------------------------------------------ the O(N^2) reference
+    # Written apart from the fast form above, as the tests' oracle: it shares the
+    # projections and the parameters with it, nothing else (no block layout, padding,
+    # block reshaping, feature helper or convolution kernel), so a fault in one form
+    # shows up as a disagreement with the other.
+
     def reference_mixing_weights(self, hw_shape, num_extra=0):
         """``(N, N)`` factor on ``phi(q_t)^T phi(k_s)``: ``W[block(t), block(s)]`` between
-        patch tokens, 1 wherever an extra token is involved."""
+        patch tokens, 1 wherever an extra token is involved.
+
+        A patch token at row ``r`` and column ``c`` lies in block
+        ``(r // ceil(H / rows)) * cols + c // ceil(W / cols)`` (blocks row-major, the last
+        row or column of blocks shorter, or empty, when a side does not divide).
+        """
         H, W = hw_shape
-        layout = self.block_layout(hw_shape)
-        rows = torch.arange(H, device=self.block_mixing.device) // layout.block_h
-        cols = torch.arange(W, device=self.block_mixing.device) // layout.block_w
-        block_of_token = (rows[:, None] * layout.cols + cols[None, :]).flatten()
-        patch_weights = self.block_mixing[block_of_token[:, None], block_of_token[None, :]]
-        return F.pad(patch_weights, (num_extra, 0, num_extra, 0), value=1.)
+        rows, cols = self.num_blocks
+        block_h, block_w = -(-H // rows), -(-W // cols)
+        device = self.block_mixing.device
+        token = torch.arange(num_extra + H * W, device=device)
+        patch = token >= num_extra
+        position = (token - num_extra).clamp(min=0)
+        row, col = position // W, position % W
+        block = (row // block_h) * cols + col // block_w
+        both_patches = patch[:, None] & patch[None, :]
+        mixed = self.block_mixing[block[:, None], block[None, :]]
+        return torch.where(both_patches, mixed, torch.ones_like(mixed))
+
+    def _reference_value_conv(self, values, hw_shape, num_extra):
+        """The depthwise value convolution as a sum over the kernel's taps, zero for the
+        extra tokens: patch ``(r, c)`` of channel ``ch`` gets
+        ``bias[ch] + sum_ij weight[ch, i, j] * v[r + i - p, c + j - p, ch]``, with positions
+        off the grid reading zero (``p`` is half the kernel side)."""
+        B, _, C = values.shape
+        H, W = hw_shape
+        weight, bias = self.value_conv.weight[:, 0], self.value_conv.bias   # (C, K, K), (C,)
+        K = weight.shape[-1]
+        p = K // 2
+        image = values[:, num_extra:].reshape(B, H, W, C)
+        framed = image.new_zeros(B, H + 2 * p, W + 2 * p, C)
+        framed[:, p:p + H, p:p + W] = image
+        local = bias.expand(B, H, W, C)
+        for i in range(K):
+            for j in range(K):
+                local = local + weight[:, i, j] * framed[:, i:i + H, j:j + W]
+        return torch.cat([local.new_zeros(B, num_extra, C), local.reshape(B, H * W, C)], dim=1)
 
     def forward_reference(self, x, hw_shape):
-        """The same operator through its explicit ``(B, heads, N, N)`` weight matrix.
+        """The same operator as explicit sums over every pair of tokens, O(N^2):
 
-        Block membership is read off token coordinates, with no padding or block
-        reshaping, so it checks the fast form's layout handling independently.
+            out_t = sum_s A_ts v_s / (sum_s W_ts phi(q_t)^T phi(k_s) + eps),
+            A_ts = W_ts (R_t phi(q_t))^T (R_s phi(k_s)),
+
+        with ``W`` from :meth:`reference_mixing_weights`, ``phi(x) = relu(x) +
+        feature_floor`` and ``R_t`` the token's RoPE matrix (identity without RoPE and for
+        extra tokens), then the value convolution and the output projection.
         """
-        (q, k, v), values, num_extra = self._split(x, hw_shape)
-        out_dtype = v.dtype
-        with torch.autocast(device_type=v.device.type, enabled=False):
-            q, k, v = float32_state(q, k, v)
-            mixing = float32_state(self.reference_mixing_weights(hw_shape, num_extra))[0]
-            q, k = self._features(q, k)
-            scores = mixing * (q @ k.transpose(-2, -1))
-            normaliser = scores.sum(dim=-1, keepdim=True) + self.eps
-            rotation = self.rotation(hw_shape, num_extra, q)
-            if rotation is not None:
-                rotation = rotation.as_reference()
-                scores = mixing * (rotation.rotate(q) @ rotation.rotate(k).transpose(-2, -1))
-            out = (scores @ v) / normaliser
-        out = self.merge_heads(out.to(out_dtype))
+        B, N, C = x.shape
+        H, W = hw_shape
+        num_extra = N - H * W
+        if num_extra < 0:
+            raise ValueError(f'{N} tokens cannot hold a {H}x{W} grid')
+        if H < 1 or W < 1:
+            raise ValueError(f'the patch grid must be at least 1x1, got {H}x{W}')
+        h, d = self.num_heads, self.head_dims
+        q, k, values = self.qkv(x).chunk(3, dim=-1)
+        q, k = self.q_norm(q), self.k_norm(k)
+        out_dtype = values.dtype
+        # the state sums of the fast form run in float32 at least; so does this form
+        compute_dtype = torch.promote_types(out_dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            q, k, v = (t.to(compute_dtype).reshape(B, N, h, d).transpose(1, 2)
+                       for t in (q, k, values))                             # (B, h, N, d)
+            phi_q, phi_k = (torch.where(t > 0, t, 0.) + self.feature_floor for t in (q, k))
+            weights = self.reference_mixing_weights(hw_shape, num_extra).to(compute_dtype)
+            normaliser = torch.einsum('ts,bhtc,bhsc->bht', weights, phi_q, phi_k)
+            if self.rope is None:
+                rot_q, rot_k = phi_q, phi_k
+            else:
+                rotation = self.rope(hw_shape, num_extra, phi_q).as_reference()
+                rot_q, rot_k = rotation.rotate(phi_q), rotation.rotate(phi_k)
+            scores = weights * torch.einsum('bhtc,bhsc->bhts', rot_q, rot_k)
+            numerator = torch.einsum('bhts,bhsc->bhtc', scores, v)
+            out = numerator / (normaliser.unsqueeze(-1) + self.eps)
+        out = out.to(out_dtype).transpose(1, 2).reshape(B, N, C)
         out = out + self._reference_value_conv(values, hw_shape, num_extra)
         return self.project(out)
 

@@ -1,4 +1,5 @@
-"""MHLA: the fast block form against its O(N^2) reference, padding, layout and numerics."""
+"""MHLA: the fast block form against its O(N^2) reference, the reference's own pieces against
+hand-written tables, padding, layout, semantics and numerics."""
 import math
 
 import pytest
@@ -10,6 +11,11 @@ from linvit_mm.models.attention.mhla import distance_mixing_matrix
 from linvit_mm.testing import assert_rel_close, rel_error
 
 EMBED_DIMS, NUM_HEADS = 24, 3
+ROPES = {'eva': dict(type='eva', ref_grid=(4, 4)), 'dinov3': dict(type='dinov3')}
+
+
+def grid_id(hw):
+    return f'{hw[0]}x{hw[1]}'
 
 
 def make(dtype=torch.float64, seed=0, randomise_mixing=True, device='cpu', embed_dims=EMBED_DIMS,
@@ -38,7 +44,7 @@ def features(module, x):
 
 
 def finish(module, out_heads, values, hw, num_extra=0):
-    """Merge heads, add the value convolution of the patch tokens, project."""
+    """Merge heads, add the value convolution (PyTorch's) of the patch tokens, project."""
     B, h, N, d = out_heads.shape
     out = out_heads.transpose(1, 2).reshape(B, N, h * d)
     patches = values[:, num_extra:].transpose(1, 2).reshape(B, -1, *hw)
@@ -47,25 +53,45 @@ def finish(module, out_heads, values, hw, num_extra=0):
     return module.proj(out)
 
 
+def assert_every_parameter_learns(grads):
+    missing = [name for name, grad in grads.items() if grad is None or not grad.abs().max() > 0]
+    assert not missing, f'no gradient for {missing}'
+
+
 # ---------------------------------------------------------------- fast == reference
 
-CASES = [((14, 14), 8, 2), ((7, 9), 8, 2), ((3, 1), 8, 2), ((1, 1), 8, 2), ((50, 84), 4, 1)]
+# divisible by the 2 x 2 layout; odd sides (padded); smaller than the layout (empty blocks)
+GRIDS = [(14, 14), (7, 9), (5, 3), (3, 1), (1, 1)]
 
 
 @pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
-@pytest.mark.parametrize('hw,dims,num_heads', CASES)
-def test_fast_matches_reference(hw, dims, num_heads, num_extra, device, tokens,
-                                assert_matches_reference):
-    module = make(embed_dims=dims, num_heads=num_heads, device=device)
-    x = tokens(hw, num_extra, batch=1 if hw[0] * hw[1] > 1000 else 2, dims=dims, device=device)
-    grads = assert_matches_reference(module, x, hw)
-    assert all(grad is not None for grad in grads.values()), 'a parameter gets no gradient'
+@pytest.mark.parametrize('hw', GRIDS, ids=grid_id)
+def test_fast_matches_reference(hw, num_extra, device, tokens, assert_matches_reference):
+    """Output and the gradients of the input and of every parameter, in float64. MHLA
+    models carry no class token; the operator accepts one (global), so both are checked."""
+    module = make(device=device)
+    x = tokens(hw, num_extra, device=device)
+    assert_every_parameter_learns(assert_matches_reference(module, x, hw))
+
+
+@pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
+@pytest.mark.parametrize('hw', [(7, 9), (5, 3), (4, 4)], ids=grid_id)
+@pytest.mark.parametrize('rope_type', ROPES)
+def test_fast_matches_reference_with_rope(rope_type, hw, num_extra, tokens,
+                                          assert_matches_reference):
+    module = make(rope=ROPES[rope_type])
+    x = tokens(hw, num_extra)
+    assert_every_parameter_learns(assert_matches_reference(module, x, hw))
+    with torch.no_grad():
+        assert rel_error(module(x, hw), make()(x, hw)) > 1e-3, 'RoPE changed nothing'
 
 
 OPTIONS = {
     'qk_norm': dict(qk_norm=True),
     'plain_relu_cos_3x3': dict(feature_floor=0., mixing_init='cos', num_blocks=(3, 3)),
-    'rect_1x3_kernel3': dict(num_blocks=(1, 3), value_kernel_size=3, qkv_bias=False),
+    'rect_1x3_kernel3_no_bias': dict(num_blocks=(1, 3), value_kernel_size=3, qkv_bias=False),
+    'rect_3x2_kernel1': dict(num_blocks=(3, 2), value_kernel_size=1),
+    'one_block': dict(num_blocks=1),
     'two_extra': dict(),
 }
 
@@ -75,8 +101,13 @@ def test_fast_matches_reference_options(option, tokens, assert_matches_reference
     module = make(**OPTIONS[option])
     hw = (10, 7)
     x = tokens(hw, 2 if option == 'two_extra' else 0)
-    grads = assert_matches_reference(module, x, hw)
-    assert all(grad is not None for grad in grads.values()), 'a parameter gets no gradient'
+    assert_every_parameter_learns(assert_matches_reference(module, x, hw))
+
+
+def test_fast_matches_reference_on_a_long_rectangular_grid(tokens, assert_matches_reference):
+    hw = (30, 41)
+    module = make(embed_dims=4, num_heads=1)
+    assert_matches_reference(module, tokens(hw, 1, batch=1, dims=4), hw)
 
 
 def test_fast_form_never_builds_token_pairs(tokens, largest_intermediate):
@@ -91,18 +122,62 @@ def test_fast_form_never_builds_token_pairs(tokens, largest_intermediate):
     assert reference >= num_tokens * num_tokens
 
 
+# ---------------------------------------------------------------- the reference's own pieces
+
+# Block of each token of a 5 x 3 grid under 2 x 2 blocks of ceil(5/2) x ceil(3/2) = 3 x 2
+# tokens (row-major blocks; the bottom and right ones are short).
+BLOCKS_5x3 = [[0, 0, 1],
+              [0, 0, 1],
+              [0, 0, 1],
+              [2, 2, 3],
+              [2, 2, 3]]
+# 4 x 5 grid: blocks of 2 x 3 tokens (an even side, where ceil and floor + 1 differ).
+BLOCKS_4x5 = [[0, 0, 0, 1, 1],
+              [0, 0, 0, 1, 1],
+              [2, 2, 2, 3, 3],
+              [2, 2, 2, 3, 3]]
+# 3 x 1 grid under 2 x 2 blocks of 2 x 1: the right column of blocks is empty.
+BLOCKS_3x1 = [[0], [0], [2]]
+
+
+@pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
+@pytest.mark.parametrize('hw,table', [((5, 3), BLOCKS_5x3), ((4, 5), BLOCKS_4x5),
+                                      ((3, 1), BLOCKS_3x1)], ids=['5x3', '4x5', '3x1'])
+def test_reference_mixing_weights_follow_a_hand_written_block_table(hw, table, num_extra):
+    module = make()
+    block = torch.tensor(table).flatten()
+    mixing = module.block_mixing.detach()
+    expected = torch.ones(num_extra + len(block), num_extra + len(block), dtype=torch.float64)
+    for t, block_t in enumerate(block):
+        for s, block_s in enumerate(block):
+            expected[num_extra + t, num_extra + s] = mixing[block_t, block_s]
+    assert torch.equal(module.reference_mixing_weights(hw, num_extra).detach(), expected)
+
+
+@pytest.mark.parametrize('num_extra', [0, 2], ids=['no_cls', 'two_extra'])
+@pytest.mark.parametrize('kernel', [5, 3], ids=['kernel5', 'kernel3'])
+def test_reference_value_conv_is_pytorch_depthwise_conv(kernel, num_extra, tokens):
+    module = make(value_kernel_size=kernel)
+    hw = (4, 6)
+    values = tokens(hw, num_extra)
+    with torch.no_grad():
+        patches = values[:, num_extra:].transpose(1, 2).reshape(2, EMBED_DIMS, *hw)
+        expected = module.value_conv(patches).flatten(2).transpose(1, 2)
+        local = module._reference_value_conv(values, hw, num_extra)
+    assert torch.equal(local[:, :num_extra], torch.zeros_like(local[:, :num_extra]))
+    assert_rel_close(local[:, num_extra:], expected, 1e-12, 'reference value conv')
+
+
 # ---------------------------------------------------------------- padding and layout
 
-@pytest.mark.parametrize('hw', [(7, 9), (5, 3), (3, 1)])
+@pytest.mark.parametrize('hw', [(7, 9), (5, 3), (3, 1)], ids=grid_id)
 def test_non_divisible_grid_equals_padded_grid_with_masked_keys(hw, tokens):
     """Oracle built on the padded (divisible) grid, with padded tokens' keys and
     values zeroed after the feature map and padded queries dropped."""
     module = make()
     x = tokens(hw, 0)
     H, W = hw
-    layout = module.block_layout(hw)
-    Hp, Wp = layout.padded_h, layout.padded_w
-    assert (Hp % module.num_blocks[0], Wp % module.num_blocks[1]) == (0, 0)
+    Hp, Wp = 2 * math.ceil(H / 2), 2 * math.ceil(W / 2)
 
     with torch.no_grad():
         phi_q, phi_k, v, values = features(module, x)
@@ -115,9 +190,9 @@ def test_non_divisible_grid_equals_padded_grid_with_masked_keys(hw, tokens):
             padded[:, :, real] = t
             return padded
 
-        rows = torch.arange(Hp)[:, None] // (Hp // module.num_blocks[0])
-        cols = torch.arange(Wp)[None, :] // (Wp // module.num_blocks[1])
-        block = (rows * module.num_blocks[1] + cols).flatten()
+        rows = torch.arange(Hp)[:, None] // (Hp // 2)
+        cols = torch.arange(Wp)[None, :] // (Wp // 2)
+        block = (rows * 2 + cols).flatten()
         mixing = module.block_mixing[block[:, None], block[None, :]]
 
         def padded_oracle(phi_k_padded, v_padded):
@@ -140,16 +215,13 @@ def test_non_divisible_grid_equals_padded_grid_with_masked_keys(hw, tokens):
 
 @pytest.mark.parametrize('hw,block', [((14, 14), (7, 7)), ((28, 28), (14, 14)),
                                       ((50, 84), (25, 42)), ((7, 9), (4, 5)),
-                                      ((3, 1), (2, 1)), ((1, 1), (1, 1))])
-def test_block_count_fixed_block_size_follows_grid(hw, block, tokens):
+                                      ((3, 1), (2, 1)), ((1, 1), (1, 1))], ids=grid_id)
+def test_block_count_fixed_block_size_follows_grid(hw, block):
     module = make(embed_dims=8, num_heads=2)
     layout = module.block_layout(hw)
     assert (layout.rows, layout.cols) == (2, 2)
     assert (layout.block_h, layout.block_w) == block
     assert module.block_mixing.shape == (4, 4)
-    x = tokens(hw, 0, batch=1, dims=8)
-    with torch.no_grad():
-        assert_rel_close(module(x, hw), module.forward_reference(x, hw), 1e-10, 'output')
 
 
 def test_same_parameters_serve_every_resolution(tokens):
@@ -246,9 +318,14 @@ def test_normaliser_uses_the_queries_of_the_numerator(tokens):
     # divided by sum_j W_ij phi(q_{j,p})^T z_j.
     with torch.no_grad():
         phi_q, phi_k, _, _ = features(module, x)
-        layout = module.block_layout(hw)
-        to_blocks = module._to_blocks
-        q_blocks, k_blocks = to_blocks(phi_q, hw, layout), to_blocks(phi_k, hw, layout)
+
+        def to_blocks(t):
+            """(B, h, 14*14, d) -> (B, h, 4, 7*7, d): the four 7 x 7 quarters, row-major."""
+            B, h, _, d = t.shape
+            t = t.reshape(B, h, 2, 7, 2, 7, d).transpose(3, 4)
+            return t.reshape(B, h, 4, 49, d)
+
+        q_blocks, k_blocks = to_blocks(phi_q), to_blocks(phi_k)
         z = k_blocks.sum(-2)                                            # (B, h, M, d)
         W = module.block_mixing
         numerator = q_blocks @ torch.einsum('ij,bhjd->bhid', W, z).unsqueeze(-1)
@@ -260,13 +337,62 @@ def test_normaliser_uses_the_queries_of_the_numerator(tokens):
 
 # ---------------------------------------------------------------- mixing initialisation
 
+NEAR = 1 - 1 / math.sqrt(2)                    # linear, adjacent blocks of 2 x 2
+COS_NEAR = math.cos(math.pi / 4 / math.sqrt(2))  # cos, adjacent blocks of 2 x 2
+COS_8, COS_4 = math.cos(math.pi / 8), math.cos(math.pi / 4)
+# [i][j]: how much of block j's summary block i reads, before the columns are scaled to sum
+# to 1 (the 1 x 3 linear table is written scaled: it is not symmetric once scaled, so it
+# also tells columns from rows).
+MIXING_TABLES = {
+    'linear_1x1': ((1, 1), 'linear', [[1.]]),
+    'linear_1x2': ((1, 2), 'linear', [[1., 0.],
+                                      [0., 1.]]),
+    'linear_1x3': ((1, 3), 'linear', [[2 / 3, 1 / 4, 0.],
+                                      [1 / 3, 1 / 2, 1 / 3],
+                                      [0., 1 / 4, 2 / 3]]),
+    'linear_2x2': ((2, 2), 'linear', [[1., NEAR, NEAR, 0.],
+                                      [NEAR, 1., 0., NEAR],
+                                      [NEAR, 0., 1., NEAR],
+                                      [0., NEAR, NEAR, 1.]]),
+    'cos_1x3': ((1, 3), 'cos', [[1., COS_8, COS_4],
+                                [COS_8, 1., COS_8],
+                                [COS_4, COS_8, 1.]]),
+    'cos_2x2': ((2, 2), 'cos', [[1., COS_NEAR, COS_NEAR, COS_4],
+                                [COS_NEAR, 1., COS_4, COS_NEAR],
+                                [COS_NEAR, COS_4, 1., COS_NEAR],
+                                [COS_4, COS_NEAR, COS_NEAR, 1.]]),
+}
+
+
+def normalised_columns(table):
+    table = torch.tensor(table, dtype=torch.float64)
+    return table / table.sum(dim=0, keepdim=True)
+
+
+@pytest.mark.parametrize('name', list(MIXING_TABLES))
+def test_mixing_init_matches_hand_written_table(name):
+    num_blocks, mode, table = MIXING_TABLES[name]
+    weights = distance_mixing_matrix(num_blocks, mode, dtype=torch.float64)
+    assert weights.dtype == torch.float64
+    assert_rel_close(weights, normalised_columns(table), 1e-15, name)
+
+
+def test_mixing_init_orders_blocks_row_major():
+    """Column 0 of the 2 x 3 layout: blocks (0,0) (0,1) (0,2) (1,0) (1,1) (1,2) lie at
+    distances 0, 1, 2, 1, sqrt 2, sqrt 5 (the largest) from block (0,0)."""
+    distance = torch.tensor([0., 1., 2., 1., math.sqrt(2), math.sqrt(5)], dtype=torch.float64)
+    column = 1 - distance / math.sqrt(5)
+    weights = distance_mixing_matrix((2, 3), 'linear', dtype=torch.float64)
+    assert_rel_close(weights[:, 0], column / column.sum(), 1e-15, 'column 0')
+
+
 @pytest.mark.parametrize('mode', ['linear', 'cos'])
-@pytest.mark.parametrize('num_blocks', [(2, 2), (3, 4), (1, 3), (4, 4)])
+@pytest.mark.parametrize('num_blocks', [(2, 2), (3, 4), (1, 3), (4, 4)], ids=grid_id)
 def test_mixing_init_columns_normalised_nearer_heavier(num_blocks, mode):
-    weights = distance_mixing_matrix(num_blocks, mode).double()
+    weights = distance_mixing_matrix(num_blocks, mode, dtype=torch.float64)
     M = num_blocks[0] * num_blocks[1]
     assert weights.shape == (M, M)
-    assert torch.allclose(weights.sum(0), torch.ones(M, dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(weights.sum(0), torch.ones(M, dtype=torch.float64), atol=1e-12)
     assert (weights >= 0).all()
     centres = torch.tensor([(r, c) for r in range(num_blocks[0]) for c in range(num_blocks[1])],
                            dtype=torch.float64)
@@ -279,20 +405,36 @@ def test_mixing_init_columns_normalised_nearer_heavier(num_blocks, mode):
                         mode == 'linear' and weights[b, j] == 0 and weights[a, j] > 0)
 
 
-def test_mixing_init_values_on_the_paper_layout():
-    linear = distance_mixing_matrix((2, 2), 'linear').double()
-    near = 1 - 1 / math.sqrt(2)
-    assert linear[0, 0].item() == pytest.approx(1 / (1 + 2 * near), rel=1e-6)
-    assert linear[1, 0].item() == pytest.approx(near / (1 + 2 * near), rel=1e-6)
-    assert linear[3, 0].item() == 0.
-    cos = distance_mixing_matrix((2, 2), 'cos').double()
-    column = torch.tensor([1., math.cos(math.pi / 4 / math.sqrt(2)),
-                           math.cos(math.pi / 4 / math.sqrt(2)), math.cos(math.pi / 4)])
-    assert torch.allclose(cos[:, 0], (column / column.sum()).double(), atol=1e-6)
-    assert torch.equal(distance_mixing_matrix((1, 1)), torch.ones(1, 1))
-    module = MultiHeadLinearAttention(EMBED_DIMS, NUM_HEADS)
-    assert torch.equal(module.block_mixing.detach(), distance_mixing_matrix((2, 2), 'linear'))
+def test_module_starts_from_the_distance_init():
+    module = MultiHeadLinearAttention(EMBED_DIMS, NUM_HEADS, num_blocks=(1, 3))
+    assert module.block_mixing.dtype == torch.float32
+    assert_rel_close(module.block_mixing.detach(), normalised_columns(
+        MIXING_TABLES['linear_1x3'][2]), 1e-7, 'initial mixing')
     assert module.block_mixing.requires_grad
+    cos = MultiHeadLinearAttention(EMBED_DIMS, NUM_HEADS, num_blocks=(1, 3), mixing_init='cos')
+    assert_rel_close(cos.block_mixing.detach(), normalised_columns(
+        MIXING_TABLES['cos_1x3'][2]), 1e-7, 'initial cos mixing')
+
+
+@pytest.fixture
+def float64_default():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def test_module_built_with_float64_default_dtype(float64_default, tokens,
+                                                 assert_matches_reference):
+    """Every parameter, the mixing matrix included, takes the default dtype, so the module
+    runs on float64 tokens without a ``.double()``."""
+    torch.manual_seed(0)
+    module = MultiHeadLinearAttention(EMBED_DIMS, NUM_HEADS)
+    assert {param.dtype for param in module.parameters()} == {torch.float64}
+    hw = (5, 3)
+    assert_matches_reference(module, tokens(hw, 0), hw)
 
 
 # ---------------------------------------------------------------- numerics
@@ -350,9 +492,11 @@ def test_bad_arguments_are_rejected(kwargs, match):
         MultiHeadLinearAttention(EMBED_DIMS, NUM_HEADS, **kwargs)
 
 
-def test_bad_grid_is_rejected(tokens):
+@pytest.mark.parametrize('form', ['forward', 'forward_reference'])
+def test_bad_grid_is_rejected(form, tokens):
     module = make(dtype=torch.float32)
+    run = getattr(module, form)
     with pytest.raises(ValueError, match='cannot hold'):
-        module(tokens((4, 4), 0, dtype=torch.float32), (5, 4))
+        run(tokens((4, 4), 0, dtype=torch.float32), (5, 4))
     with pytest.raises(ValueError, match='at least 1x1'):
-        module(tokens((1, 1), 0, dtype=torch.float32)[:, :0], (0, 3))
+        run(tokens((1, 1), 0, dtype=torch.float32)[:, :0], (0, 3))
