@@ -175,6 +175,12 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
         tokens unrotated), in ``like``'s device and at least float32; ``None`` without RoPE."""
         return None if self.rope is None else self.rope(hw_shape, num_extra, like)
 
+    def rotation_matrices(self, hw_shape, num_extra, like):
+        """The same rotation as explicit ``(N, d, d)`` per-token matrices (identity for the
+        extra tokens), the form the O(N^2) oracles rotate with; ``None`` without RoPE."""
+        rotation = self.rotation(hw_shape, num_extra, like)
+        return None if rotation is None else rotation.as_reference().matrices()
+
     def rotation_macs(self, num_rotated_tokens):
         """Multiply-accumulates of rotating queries and keys of ``num_rotated_tokens`` tokens
         (``t cos + partner(t) sin``: two per element); 0 without RoPE."""
@@ -220,3 +226,32 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
 def float32_state(*tensors):
     """Upcast for linear-attention state sums: they overflow in fp16 and lose mass in bf16."""
     return tuple(t.float() if t.dtype in (torch.float16, torch.bfloat16) else t for t in tensors)
+
+
+# The O(N^2) oracles (``forward_reference``) split, merge, rotate and upcast with the helpers
+# below and never with ``split_heads``, ``merge_heads``, ``GridRotation.rotate`` or
+# ``float32_state``, which the fast forms use: a fault in one of those then shows as a
+# difference between the fast form and its oracle instead of moving both alike.
+
+def naive_heads(qkv, num_heads, num_parts=3):
+    """``(B, N, parts*C)`` -> ``parts`` tensors ``(B, heads, N, C / heads)`` by channel slices:
+    head ``h`` of part ``p`` is channels ``[p*C + h*d, p*C + (h+1)*d)``."""
+    C = qkv.shape[-1] // num_parts
+    d = C // num_heads
+    return [torch.stack([qkv[..., p * C + h * d:p * C + (h + 1) * d] for h in range(num_heads)],
+                        dim=1) for p in range(num_parts)]
+
+
+def naive_merge_heads(heads):
+    """``(B, heads, N, d)`` -> ``(B, N, heads*d)``, head ``h`` in channels ``[h*d, (h+1)*d)``."""
+    return torch.cat([heads[:, h] for h in range(heads.shape[1])], dim=-1)
+
+
+def naive_rotate(matrices, t):
+    """Multiply every token of ``(B, heads, N, d)`` by its ``(N, d, d)`` rotation matrix."""
+    return torch.einsum('nij,bhnj->bhni', matrices.to(t.dtype), t)
+
+
+def naive_precision(t):
+    """``t`` in float32 at least: the oracles, like the fast forms' sums, avoid half precision."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))

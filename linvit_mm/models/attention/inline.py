@@ -12,8 +12,38 @@ operator (weight shapes equal Softmax attention).
 """
 import torch
 
-from .base import float32_state, register_attention
+from .base import (float32_state, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
+                   register_attention)
 from .map_attention import LinearMapAttention
+
+
+def naive_inline_attention(qkv, num_heads, rotations=None):
+    """InLine attention written out from its definition (the O(N^2) oracle of the tests).
+
+    ``A_ij = s/N q_i^T k_j + (1 - s q_i^T k_mean) / N`` with ``s = d^-1/2``, ``k_mean`` the
+    mean key over all ``N`` tokens, and ``out_i = sum_j A_ij v_j``; with RoPE, ``q`` and ``k``
+    are rotated first. The whole map is formed; no code is shared with
+    :class:`InLineAttention`'s fast form (own head split, scale and rotation).
+
+    Args:
+        qkv (Tensor): ``(B, N, 3C)`` output of the ``qkv`` projection.
+        num_heads (int): heads; ``d = C / num_heads``.
+        rotations (Tensor, optional): ``(N, d, d)`` RoPE matrix of every token.
+
+    Returns:
+        tuple[Tensor, Tensor]: the output heads merged, ``(B, N, C)`` (before ``proj``), and
+        the map ``(B, heads, N, N)``, both in float32 at least.
+    """
+    with torch.autocast(device_type=qkv.device.type, enabled=False):
+        q, k, v = naive_heads(naive_precision(qkv), num_heads)
+        if rotations is not None:
+            q, k = naive_rotate(rotations, q), naive_rotate(rotations, k)
+        num_tokens, head_dims = q.shape[-2], q.shape[-1]
+        s = head_dims**-0.5
+        k_mean = k.sum(dim=-2, keepdim=True) / num_tokens                  # (B, h, 1, d)
+        query_offset = 1 - s * (q * k_mean).sum(dim=-1, keepdim=True)      # (B, h, N, 1)
+        attn = (s / num_tokens) * (q @ k.transpose(-2, -1)) + query_offset / num_tokens
+        return naive_merge_heads(attn @ v), attn
 
 
 @register_attention('inline')
@@ -57,6 +87,18 @@ class InLineAttention(LinearMapAttention):
             k_mean = k.mean(dim=-2).unsqueeze(-1)
             offset = (1 - self.scale * (q @ k_mean)) / num_tokens             # (B, h, N, 1)
             return (self.scale / num_tokens) * (q @ k.transpose(-2, -1)) + offset
+
+    def naive_forward(self, x, hw_shape):
+        """:func:`naive_inline_attention` of ``x``: the output heads merged (before ``proj``, in
+        the projections' dtype) and the map (float32 at least)."""
+        num_extra = self.num_extra_tokens(x, hw_shape)
+        qkv = self.qkv(x)
+        out, attn = naive_inline_attention(qkv, self.num_heads,
+                                           self.rotation_matrices(hw_shape, num_extra, qkv))
+        return out.to(qkv.dtype), attn
+
+    def forward_reference(self, x, hw_shape):
+        return self.project(self.naive_forward(x, hw_shape)[0])
 
     def core_macs(self, num_tokens, hw_shape):
         # K^T V and its read-out (N d^2 per head each); key and value means, q^T k_mean and

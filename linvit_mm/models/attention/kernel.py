@@ -7,7 +7,9 @@ the feature map ``phi``.
 """
 import torch
 import torch.nn.functional as F
-from .base import float32_state, register_attention
+
+from .base import (float32_state, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
+                   register_attention)
 from .map_attention import LinearMapAttention
 
 
@@ -32,6 +34,43 @@ def relu_feature_map(x):
 
 
 FEATURE_MAPS = {'elu': elu_feature_map, 'relu': relu_feature_map}
+
+# The oracle's feature maps, written from their definitions (``exp`` is clamped so that the
+# branch ``where`` discards cannot overflow and poison the gradient with ``0 * inf``).
+NAIVE_FEATURE_MAPS = {
+    'elu': lambda x: torch.where(x > 0, x + 1, torch.exp(x.clamp_max(0))),
+    'relu': lambda x: x.clamp_min(0),
+}
+
+
+def naive_kernel_attention(qkv, num_heads, feature_map, eps, rotations=None):
+    """Kernel attention written out from its definition (the O(N^2) oracle of the tests).
+
+    ``A_ij = (R_i phi(q_i))^T (R_j phi(k_j)) / (sum_l phi(q_i)^T phi(k_l) + eps)`` and
+    ``out_i = sum_j A_ij v_j``, with the whole N x N map formed and the normaliser of each
+    query summed over every key from the unrotated scores. It shares no code with
+    :class:`KernelAttention`'s fast form: its own head split, feature maps and rotation.
+
+    Args:
+        qkv (Tensor): ``(B, N, 3C)`` output of the ``qkv`` projection.
+        num_heads (int): heads; ``d = C / num_heads``.
+        feature_map (str): ``'elu'`` (``elu(x) + 1``) or ``'relu'``.
+        eps (float): added to each normaliser.
+        rotations (Tensor, optional): ``(N, d, d)`` RoPE matrix of every token.
+
+    Returns:
+        tuple[Tensor, Tensor]: the output heads merged, ``(B, N, C)`` (before ``proj``), and
+        the map ``(B, heads, N, N)``, both in float32 at least.
+    """
+    phi = NAIVE_FEATURE_MAPS[feature_map]
+    with torch.autocast(device_type=qkv.device.type, enabled=False):
+        q, k, v = naive_heads(naive_precision(qkv), num_heads)
+        phi_q, phi_k = phi(q), phi(k)
+        normaliser = (phi_q @ phi_k.transpose(-2, -1)).sum(dim=-1, keepdim=True) + eps
+        if rotations is not None:
+            phi_q, phi_k = naive_rotate(rotations, phi_q), naive_rotate(rotations, phi_k)
+        attn = (phi_q @ phi_k.transpose(-2, -1)) / normaliser
+        return naive_merge_heads(attn @ v), attn
 
 
 class KernelAttention(LinearMapAttention):
@@ -107,6 +146,18 @@ class KernelAttention(LinearMapAttention):
             if rotation is not None:
                 scores = rotation.rotate(q) @ rotation.rotate(k).transpose(-2, -1)
             return scores / normaliser
+
+    def naive_forward(self, x, hw_shape):
+        """:func:`naive_kernel_attention` of ``x``: the output heads merged (before ``proj``, in
+        the projections' dtype) and the map (float32 at least)."""
+        num_extra = self.num_extra_tokens(x, hw_shape)
+        qkv = self.qkv(x)
+        out, attn = naive_kernel_attention(qkv, self.num_heads, self.feature_map, self.eps,
+                                           self.rotation_matrices(hw_shape, num_extra, qkv))
+        return out.to(qkv.dtype), attn
+
+    def forward_reference(self, x, hw_shape):
+        return self.project(self.naive_forward(x, hw_shape)[0])
 
     def core_macs(self, num_tokens, hw_shape):
         # the d x d state and its read-out: N d^2 per head each; normaliser sum and read;

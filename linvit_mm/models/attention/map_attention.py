@@ -11,10 +11,15 @@ class LinearMapAttention(BaseAttention):
     """A linear operator whose output equals ``A V`` for an N x N map ``A`` it can also form.
 
     The fast form (``_linear``) sums a ``d x d`` state over the tokens and never forms
-    ``A``; the map (``_map``) is the O(N^2) oracle of the tests and the distillation
-    target of ``target='map'``. Subclasses define both from the same ``q, k, v`` heads;
-    weight shapes equal Softmax attention (``qkv``, ``proj``), so Softmax checkpoints
-    load by name.
+    ``A``; the map (``_map``) is what ``attention_map`` returns, the distillation target of
+    ``target='map'``. Subclasses define both from the same ``q, k, v`` heads; weight shapes
+    equal Softmax attention (``qkv``, ``proj``), so Softmax checkpoints load by name.
+
+    ``forward_reference`` here is ``A V`` with ``A`` from ``_map``, which shares the
+    subclass's helpers (feature maps, head split, float32 state) with ``_linear``, so a
+    fault in one of those moves both alike. A subclass that writes its operator out from
+    its definition with no shared helper overrides ``forward_reference`` with that form;
+    the tests then check ``_linear`` and ``_map`` against it.
 
     Under autocast the map and its product with the values run in float32 with autocast
     disabled, like the fast form's state; the result returns to the dtype of the

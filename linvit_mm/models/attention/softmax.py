@@ -1,8 +1,39 @@
 """Standard multi-head Softmax attention: the teacher and the reference row."""
+import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import BaseAttention, register_attention
+from .base import (BaseAttention, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
+                   register_attention)
+
+
+def naive_softmax_attention(qkv, num_heads, rotations=None, dropout_p=0., training=False):
+    """Softmax attention written out from its definition (the O(N^2) oracle of the tests).
+
+    ``A_ij = exp(s q_i^T k_j) / sum_l exp(s q_i^T k_l)`` with ``s = d^-1/2`` (each row
+    shifted by its maximum, which cancels), ``out_i = sum_j A_ij v_j``; with RoPE, ``q`` and
+    ``k`` are rotated first. No code is shared with :class:`SoftmaxAttention`'s forms (own
+    head split, scale, softmax and rotation).
+
+    Args:
+        qkv (Tensor): ``(B, N, 3C)`` output of the ``qkv`` projection.
+        num_heads (int): heads; ``d = C / num_heads``.
+        rotations (Tensor, optional): ``(N, d, d)`` RoPE matrix of every token.
+        dropout_p (float): attention dropout on the map, applied when ``training``.
+
+    Returns:
+        tuple[Tensor, Tensor]: the output heads merged, ``(B, N, C)`` (before ``proj``), and
+        the map before dropout ``(B, heads, N, N)``, both in float32 at least.
+    """
+    with torch.autocast(device_type=qkv.device.type, enabled=False):
+        q, k, v = naive_heads(naive_precision(qkv), num_heads)
+        if rotations is not None:
+            q, k = naive_rotate(rotations, q), naive_rotate(rotations, k)
+        scores = (q @ k.transpose(-2, -1)) * q.shape[-1]**-0.5
+        weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        attn = weights / weights.sum(dim=-1, keepdim=True)
+        dropped = F.dropout(attn, dropout_p, training) if dropout_p else attn
+        return naive_merge_heads(dropped @ v), attn
 
 
 @register_attention('softmax')
@@ -47,16 +78,12 @@ class SoftmaxAttention(BaseAttention):
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.attn_drop if self.training else 0., scale=self.scale)
 
-    def _heads(self, x, hw_shape, reference=False):
-        """``q, k, v`` heads, queries and keys rotated by RoPE if the operator has it.
-
-        ``reference`` rotates through explicit per-token rotation matrices (the oracle).
-        """
+    def _heads(self, x, hw_shape):
+        """``q, k, v`` heads, queries and keys rotated by RoPE if the operator has it."""
         num_extra = self.num_extra_tokens(x, hw_shape)
         q, k, v = self.split_heads(self.qkv(x))
         rotation = self.rotation(hw_shape, num_extra, q)
         if rotation is not None:
-            rotation = rotation.as_reference() if reference else rotation
             q, k = rotation.rotate(q).to(v.dtype), rotation.rotate(k).to(v.dtype)
         return q, k, v
 
@@ -65,9 +92,18 @@ class SoftmaxAttention(BaseAttention):
         out = self._fused(q, k, v) if self.fused else self._eager(q, k, v)[0]
         return self.project(self.merge_heads(out))
 
+    def naive_forward(self, x, hw_shape):
+        """:func:`naive_softmax_attention` of ``x``: the output heads merged (before ``proj``,
+        in the projections' dtype) and the map (float32 at least)."""
+        num_extra = self.num_extra_tokens(x, hw_shape)
+        qkv = self.qkv(x)
+        out, attn = naive_softmax_attention(qkv, self.num_heads,
+                                            self.rotation_matrices(hw_shape, num_extra, qkv),
+                                            self.attn_drop, self.training)
+        return out.to(qkv.dtype), attn
+
     def forward_reference(self, x, hw_shape):
-        out, _ = self._eager(*self._heads(x, hw_shape, reference=True))
-        return self.project(self.merge_heads(out))
+        return self.project(self.naive_forward(x, hw_shape)[0])
 
     def attention_map(self, x, hw_shape):
         q, k, _ = self._heads(x, hw_shape)

@@ -5,12 +5,16 @@ import a ``conftest.py`` reliably, as every test folder has one of that name. De
 operator sizes (:data:`EMBED_DIMS`, :data:`NUM_HEADS`) are those of ``make_attention``
 and ``tokens``.
 """
+import contextlib
+import sys
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from linvit_mm.models.attention import build_attention
+from linvit_mm.models.attention import BaseAttention, build_attention
+from linvit_mm.models.utils.rope import GridRotation
 from linvit_mm.testing import assert_rel_close
 
 EMBED_DIMS, NUM_HEADS = 24, 3
@@ -99,6 +103,27 @@ def largest_intermediate(fn):
     return max(numel for _, _, numel in recorded_ops(fn))
 
 
+@contextlib.contextmanager
+def fast_helpers_broken(*more):
+    """Within the block, the helpers the fast forms share raise when called: head split and
+    merge, the elementwise RoPE rotation and ``float32_state`` (in every attention module
+    that imports it), plus each ``(owner, attribute name)`` of ``more``. An oracle that runs
+    through the block shares none of them with the fast forms."""
+
+    def broken(*args, **kwargs):
+        raise AssertionError('an oracle called a helper of the fast forms')
+
+    targets = [(BaseAttention, 'split_heads'), (BaseAttention, 'merge_heads'),
+               (GridRotation, 'rotate'), *more]
+    targets += [(module, 'float32_state') for name, module in list(sys.modules.items())
+                if name.startswith('linvit_mm.models.attention') and module is not None
+                and hasattr(module, 'float32_state')]
+    with pytest.MonkeyPatch.context() as patch:
+        for owner, attribute in targets:
+            patch.setattr(owner, attribute, broken)
+        yield
+
+
 def _as_fixture(helper):
     """A fixture named like ``helper`` that returns it."""
     return pytest.fixture(name=helper.__name__)(lambda: helper)
@@ -111,3 +136,4 @@ assert_matches_reference_fixture = _as_fixture(assert_matches_reference)
 autocast_output_fixture = _as_fixture(autocast_output)
 recorded_ops_fixture = _as_fixture(recorded_ops)
 largest_intermediate_fixture = _as_fixture(largest_intermediate)
+fast_helpers_broken_fixture = _as_fixture(fast_helpers_broken)
