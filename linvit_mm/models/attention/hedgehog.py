@@ -13,10 +13,11 @@ its half). The output is the normalised linear form
 
     out_i = phi(q_i)^T S / phi(q_i)^T z,   S = sum_j phi(k_j) v_j^T,   z = sum_j phi(k_j),
 
-in O(N d^2); the map ``A_ij = phi(q_i)^T phi(k_j) / sum_l phi(q_i)^T phi(k_l)`` is its O(N^2)
-oracle and what Hedgehog's attention-weight distillation trains ``W`` on: its maps follow
-the Softmax teacher's (``AttentionDistillHook(target='map')``, an MSE where Hedgehog uses a
-cross-entropy).
+in O(N d^2); the map ``A_ij = phi(q_i)^T phi(k_j) / sum_l phi(q_i)^T phi(k_l)`` gives
+``out = A V`` and is what Hedgehog's attention-weight distillation trains ``W`` on: its maps
+follow the Softmax teacher's (``AttentionDistillHook(target='map')``, an MSE where Hedgehog
+uses a cross-entropy). :func:`naive_hedgehog_attention` writes both out as plainly as they
+read here, the O(N^2) oracle of the tests.
 """
 import torch
 from torch import nn
@@ -25,6 +26,63 @@ from .base import WHOLE, float32_state, register_attention
 from .map_attention import LinearMapAttention
 
 FEATURE_MAPS = ('softmax', 'exp')
+
+
+def naive_hedgehog_features(t, weight, feature_map):
+    """``phi(t)`` of one head's ``(B, N, d)`` rows from its definition: ``[exp(t W),
+    exp(-t W)]`` or ``[softmax(t W), softmax(-t W)]``, each softmax over the ``d`` entries
+    of its half. A softmax half is shifted by its own maximum, which leaves its value as
+    it is; the ``'exp'`` features are the plain exponentials."""
+    projected = torch.einsum('bnc,ce->bne', t, weight)      # (t W)_e = sum_c t_c W_ce
+    halves = (projected, -projected)
+    if feature_map == 'exp':
+        return torch.cat([half.exp() for half in halves], dim=-1)
+    if feature_map != 'softmax':
+        raise ValueError(f'unknown feature_map {feature_map!r}')
+    features = []
+    for half in halves:
+        powers = (half - half.amax(dim=-1, keepdim=True).detach()).exp()
+        features.append(powers / powers.sum(dim=-1, keepdim=True))
+    return torch.cat(features, dim=-1)
+
+
+def naive_hedgehog_attention(qkv, feature_proj, feature_map):
+    """Hedgehog attention written out from its definition (the O(N^2) oracle of the tests),
+    head by head:
+
+        A_ij = phi(q_i)^T phi(k_j) / sum_l phi(q_i)^T phi(k_l),   out_i = sum_j A_ij v_j,
+
+    with :func:`naive_hedgehog_features` and the whole N x N map formed. It shares no code
+    with :class:`HedgehogAttention`'s fast form or its map: head ``h`` of ``q``, ``k``,
+    ``v`` is read off channels ``[p*C + h*d, p*C + (h+1)*d)`` of ``qkv`` (``p`` = 0, 1, 2),
+    and no score is shifted, so it is exact only where the plain features are finite
+    (float64 at moderate scales: it is a test oracle, the fast form is the one for any
+    input). Runs in float32 at least, with autocast disabled.
+
+    Args:
+        qkv (Tensor): ``(B, N, 3C)`` output of the ``qkv`` projection.
+        feature_proj (Tensor): ``(heads, d, d)``, the ``W`` of every head.
+        feature_map (str): ``'softmax'`` or ``'exp'``.
+
+    Returns:
+        tuple[Tensor, Tensor]: the output heads merged, ``(B, N, C)`` (before ``proj``), and
+        the map ``(B, heads, N, N)``.
+    """
+    num_heads, d, _ = feature_proj.shape
+    C = num_heads * d
+    dtype = torch.promote_types(qkv.dtype, torch.float32)
+    outs, maps = [], []
+    with torch.autocast(device_type=qkv.device.type, enabled=False):
+        for h in range(num_heads):
+            q, k, v = (qkv[..., p * C + h * d:p * C + (h + 1) * d].to(dtype) for p in range(3))
+            weight = feature_proj[h].to(dtype)
+            phi_q = naive_hedgehog_features(q, weight, feature_map)
+            phi_k = naive_hedgehog_features(k, weight, feature_map)
+            scores = torch.einsum('bim,bjm->bij', phi_q, phi_k)
+            attn = scores / scores.sum(dim=-1, keepdim=True)
+            outs.append(torch.einsum('bij,bjc->bic', attn, v))
+            maps.append(attn)
+    return torch.cat(outs, dim=-1), torch.stack(maps, dim=1)
 
 
 @register_attention('hedgehog')
@@ -56,10 +114,12 @@ class HedgehogAttention(LinearMapAttention):
     tokens, its column sums ``z`` (``>= 1``) come from the same product as the state (a
     ones column on the values) and give ``K = c + log z``. ``c`` is computed without
     gradient: ``K`` and the output do not depend on it, so the gradient that treats it as
-    a constant is exact. ``forward_reference`` forms the map the other way round, from
+    a constant is exact. ``attention_map`` forms the map the other way round, from
     ``phi'(q_i)_m = exp(L(q_i)_m + c_m - r_i)`` (``r_i`` the row maximum) and
     ``phi'(k_j)_m = exp(L(k_j)_m - c_m)``, scores ``phi'(q_i)^T phi'(k_j)`` (``exp(-r_i)``
     times the plain ones) divided by their row sums (each at least 1).
+    ``forward_reference`` is neither: it is :func:`naive_hedgehog_attention`, the plain
+    formula with unshifted exponentials, written with no helper of the two forms above.
 
     Under autocast, ``W``, the features, the ``2d x d`` key-value state, the key sums and
     the read-out run in float32 with autocast disabled (sums over N tokens lose mass in
@@ -196,6 +256,17 @@ class HedgehogAttention(LinearMapAttention):
                 row_max = log_q.amax(dim=-1, keepdim=True)
             scores = (log_q - row_max).exp() @ phi_k.transpose(-2, -1)
             return scores / scores.sum(dim=-1, keepdim=True)
+
+    def naive_forward(self, x, hw_shape):
+        """:func:`naive_hedgehog_attention` of ``x``: the output heads merged (before
+        ``proj``, in the projections' dtype) and the map (float32 at least)."""
+        self.num_extra_tokens(x, hw_shape)  # validates the grid
+        qkv = self.qkv(x)
+        out, attn = naive_hedgehog_attention(qkv, self.feature_proj, self.feature_map)
+        return out.to(qkv.dtype), attn
+
+    def forward_reference(self, x, hw_shape):
+        return self.project(self.naive_forward(x, hw_shape)[0])
 
     def core_macs(self, num_tokens, hw_shape):
         # x W for queries and keys (N d^2 per head each; -x W is a sign, although the fast

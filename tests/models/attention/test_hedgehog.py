@@ -1,6 +1,7 @@
-"""Hedgehog attention: fast form against its O(N^2) map and against the plain formula (no
-stabiliser), the stabiliser under inputs that overflow the plain exp, float32 states under
-autocast, the traits the transfer and the distillation hook read."""
+"""Hedgehog attention: the fast form and the map against the naive O(N^2) oracle (which
+shares no helper with them) and against the plain formula written here, the stabiliser
+under inputs that overflow the plain exp, float32 states under autocast, the traits the
+transfer and the distillation hook read."""
 from types import SimpleNamespace
 
 import pytest
@@ -11,12 +12,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from linvit_mm.engine import AttentionDistillHook
 from linvit_mm.models import LinearViT
-from linvit_mm.models.attention import WHOLE, HedgehogAttention, attention_class
+from linvit_mm.models.attention import WHOLE, BaseAttention, HedgehogAttention, attention_class
+from linvit_mm.models.attention import hedgehog, map_attention
+from linvit_mm.models.attention.hedgehog import naive_hedgehog_attention
 from linvit_mm.testing import assert_rel_close, rel_error
 from linvit_mm.transfer import transfer_softmax_weights
 
 FEATURE_MAPS = ['softmax', 'exp']
 GRIDS = [(6, 6), (4, 7), (5, 3)]
+ODD_GRIDS = [(7, 9), (5, 3)]
+EXTRA = dict(argnames='num_extra', argvalues=[0, 1], ids=['no_cls', 'cls'])
 TINY_ARCH = dict(embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=64)
 
 
@@ -35,14 +40,22 @@ def make_hedgehog(make_attention):
     return make
 
 
+def grid_id(hw):
+    return f'{hw[0]}x{hw[1]}'
+
+
 def assert_same(actual, expected, tol, what):
-    """Outputs and every gradient of two ``output_and_grads`` results agree."""
+    """Outputs and every gradient of two ``output_and_grads`` results agree (a parameter
+    neither uses has None in both)."""
     out, grads = actual
     ref, ref_grads = expected
     assert_rel_close(out, ref, tol, f'{what}: output')
     assert grads.keys() == ref_grads.keys()
     for name in grads:
-        assert_rel_close(grads[name], ref_grads[name], tol, f'{what}: grad of {name}')
+        if grads[name] is None or ref_grads[name] is None:
+            assert grads[name] is None and ref_grads[name] is None, f'{what}: grad of {name}'
+        else:
+            assert_rel_close(grads[name], ref_grads[name], tol, f'{what}: grad of {name}')
 
 
 # ------------------------------------------------------------------ oracles written out here
@@ -85,24 +98,89 @@ def log_space_map(module, q, k):
     return log_scores.softmax(dim=-1)
 
 
-# ------------------------------------------------------------------ fast form vs map form
-@pytest.mark.parametrize('hw', GRIDS)
-@pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
+# ------------------------------------------------------------------ against the naive oracle
+@pytest.mark.parametrize('hw', ODD_GRIDS, ids=grid_id)
+@pytest.mark.parametrize(**EXTRA)
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_fast_form_matches_map_form(feature_map, num_extra, hw, make_hedgehog, tokens,
-                                    assert_matches_reference):
+def test_fast_form_matches_reference(feature_map, num_extra, hw, make_hedgehog, tokens,
+                                     assert_matches_reference):
+    """Outputs and the gradients of the input and of every parameter (W's included), in
+    float64, against ``forward_reference`` (the naive form)."""
     module = make_hedgehog(feature_map)
     grads = assert_matches_reference(module, tokens(hw, num_extra, scale=2.), hw)
     assert set(grads) == {'x', 'qkv.weight', 'qkv.bias', 'proj.weight', 'proj.bias',
                           'feature_proj'}
-    assert all(grad is not None for grad in grads.values())
+    assert all(grad.abs().max() > 0 for grad in grads.values())
 
 
-@pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
+@pytest.mark.parametrize('hw', ODD_GRIDS, ids=grid_id)
+@pytest.mark.parametrize(**EXTRA)
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+def test_map_matches_naive_map(feature_map, num_extra, hw, make_hedgehog, tokens,
+                               output_and_grads):
+    """``attention_map`` (the distillation target) against the naive map: values and the
+    gradients that reach the input, ``qkv`` and W."""
+    module = make_hedgehog(feature_map)
+    x = tokens(hw, num_extra, scale=2.)
+    naive = output_and_grads(module, lambda t: module.naive_forward(t, hw)[1], x)
+    assert naive[0].shape == (x.shape[0], module.num_heads, x.shape[1], x.shape[1])
+    assert_same(output_and_grads(module, lambda t: module.attention_map(t, hw), x), naive,
+                1e-10, 'map vs naive map')
+    assert naive[1]['feature_proj'].abs().max() > 0
+
+
+# Everything the fast form and the map are computed with, apart from the projections and
+# the parameters.
+FAST_HELPERS = [(BaseAttention, 'split_heads'), (BaseAttention, 'merge_heads'),
+                (hedgehog, 'float32_state'), (map_attention, 'float32_state')] + [
+    (HedgehogAttention, name) for name in ('forward', 'signed_proj', 'log_features',
+                                           '_writable', '_key_features', '_linear', '_map',
+                                           '_with_map', '_heads', '_project',
+                                           'attention_map')]
+
+
+@pytest.mark.parametrize('feature_map', FEATURE_MAPS)
+def test_reference_shares_no_helper_with_the_fast_form(feature_map, make_hedgehog, tokens,
+                                                      monkeypatch):
+    """With every helper of the fast form and the map made to raise, ``forward_reference``
+    still runs and gives the fast form's output: a fault in a helper cannot move both."""
+    hw = (5, 3)
+    module = make_hedgehog(feature_map)
+    x = tokens(hw, 1, scale=2.)
+    with torch.no_grad():
+        fast = module(x, hw)
+
+    def broken(*args, **kwargs):
+        raise AssertionError('the oracle called a helper of the fast form')
+
+    for owner, name in FAST_HELPERS:
+        monkeypatch.setattr(owner, name, broken)
+    with torch.no_grad():
+        reference = module.forward_reference(x, hw)
+    assert_rel_close(reference, fast, 1e-10, 'reference vs fast output')
+
+
+def test_reference_runs_in_float32_under_autocast(make_hedgehog, tokens):
+    """Under bf16 autocast the oracle's map and sums run in float32; its output returns to
+    the projections' dtype and stays within bf16's accuracy of the exact output."""
+    hw = (4, 5)
+    module = make_hedgehog('softmax', dtype=torch.float32)
+    x = tokens(hw, 1, dtype=torch.float32)
+    with torch.no_grad():
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out, attn = module.naive_forward(x, hw)
+            reference = module.forward_reference(x, hw)
+        exact = module.double()(x.double(), hw)
+    assert attn.dtype == torch.float32 and out.dtype == torch.bfloat16
+    assert rel_error(reference, exact) < 2e-2
+
+
+@pytest.mark.parametrize(**EXTRA)
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
 def test_stabiliser_cancels(feature_map, num_extra, make_hedgehog, tokens, output_and_grads):
-    """Both forms equal the plain formula, outputs and every gradient (W's included), at
-    inputs whose shifts are far from zero: a shift that did not cancel would show."""
+    """The fast form, the oracle and the map equal the plain formula written here, outputs
+    and every gradient (W's included), at inputs whose shifts are far from zero: a shift
+    that did not cancel would show."""
     hw = (4, 7)
     module = make_hedgehog(feature_map)
     x = tokens(hw, num_extra, scale={'exp': 12., 'softmax': 40.}[feature_map])
@@ -120,14 +198,14 @@ def test_stabiliser_cancels(feature_map, num_extra, make_hedgehog, tokens, outpu
     assert_same(output_and_grads(module, lambda t: module(t, hw), x), plain, 1e-10,
                 'fast form vs plain formula')
     assert_same(output_and_grads(module, lambda t: module.forward_reference(t, hw), x), plain,
-                1e-10, 'map form vs plain formula')
-    with torch.no_grad():
-        assert_rel_close(module.attention_map(x, hw), plain_attention(module, x)[1], 1e-10,
-                         'map vs plain map')
+                1e-10, 'oracle vs plain formula')
+    assert_same(output_and_grads(module, lambda t: module.attention_map(t, hw), x),
+                output_and_grads(module, lambda t: plain_attention(module, t)[1], x), 1e-10,
+                'map vs plain map')
 
 
-@pytest.mark.parametrize('hw', [(6, 6), (4, 7)])
-@pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
+@pytest.mark.parametrize('hw', [(6, 6), (4, 7)], ids=grid_id)
+@pytest.mark.parametrize(**EXTRA)
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
 def test_map_rows_sum_to_one_and_reproduce_output(feature_map, num_extra, hw, make_hedgehog,
                                                   tokens):
@@ -282,12 +360,17 @@ def test_traits(make_attention):
     assert cls.has_map and cls.uses_cls_token and cls.has_qk_form
     assert cls.softmax_fill == {'qkv': WHOLE, 'proj': WHOLE}
     assert cls.bound_fraction_target == .80
+    assert not cls.supports_rope and cls.rope_absent_because
     assert "feature_map='softmax'" in repr(make_attention('hedgehog'))
 
 
-def test_bad_feature_map_is_refused(make_attention):
+def test_bad_settings_are_refused(make_attention):
     with pytest.raises(ValueError, match="unknown feature_map 'relu'.*softmax, exp"):
         make_attention('hedgehog', feature_map='relu')
+    with pytest.raises(ValueError, match="unknown feature_map 'relu'"):
+        naive_hedgehog_attention(torch.zeros(1, 2, 6), torch.zeros(1, 2, 2), 'relu')
+    with pytest.raises(ValueError, match="'hedgehog' operator does not carry RoPE"):
+        make_attention('hedgehog', rope=dict(type='eva', ref_grid=(4, 4)))
     with pytest.raises(ValueError, match='attn_drop=0.1'):
         make_attention('hedgehog', attn_drop=.1)
 
