@@ -559,10 +559,12 @@ def test_no_loss_outside_training_forwards(peaked_teacher):
     hook.before_train_iter(runner, 0)
     model.eval()
     assert 'loss_distill' not in model(*batch(), mode='loss')
+    assert not hook._student_rec.outputs and not hook._teacher_rec.outputs
     model.train()
     hook.after_train_iter(runner, 0)
-    # between iterations (e.g. a validation loop's forward) nothing is added
+    # between iterations (e.g. a validation loop's forward) nothing is added or recorded
     assert 'loss_distill' not in model(*batch(), mode='loss')
+    assert not hook._student_rec.outputs and not hook._teacher_rec.outputs
     hook.after_train(runner)
     assert hook.teacher is None
     hook.before_train_iter(runner, 0)

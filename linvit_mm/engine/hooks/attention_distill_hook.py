@@ -23,6 +23,7 @@ class _Recorder:
         self.outputs = {}
         self.maps = {}
         self.num_patches = None
+        self.active = False
         self.handles = []
         for index in layer_ids:
             module = attn_modules[index]
@@ -38,23 +39,24 @@ class _Recorder:
             recorder = recorder_ref()
             if recorder is None or mod is not module_ref() or not recorder.active:
                 return
-            recorder.outputs[index] = output[0] if isinstance(output, tuple) else output
+            # BaseAttention.forward(x, hw_shape) returns the (B, N, C) output tensor
+            recorder.outputs[index] = output
             height, width = args[1]
             recorder.num_patches = height * width
             if recorder.with_maps:
-                recorder.maps[index] = mod.attention_map(*args[:2])
+                recorder.maps[index] = mod.attention_map(*args)
 
         return record
 
-    active = False
-
     def start(self):
-        self.outputs.clear()
-        self.maps.clear()
         self.active = True
 
     def stop(self):
         self.active = False
+
+    def clear(self):
+        self.outputs.clear()
+        self.maps.clear()
 
     def remove(self):
         for handle in self.handles:
@@ -335,8 +337,7 @@ class AttentionDistillHook(Hook):
         for recorder in (self._student_rec, self._teacher_rec):
             if recorder is not None:
                 recorder.stop()
-                recorder.outputs.clear()
-                recorder.maps.clear()
+                recorder.clear()
 
     def _run_teacher(self, student, args):
         if not (self._enabled and student.training):
