@@ -567,6 +567,9 @@ def test_no_loss_outside_training_forwards(peaked_teacher):
     assert not hook._student_rec.outputs and not hook._teacher_rec.outputs
     hook.after_train(runner)
     assert hook.teacher is None
+    # every hook the distillation registered is gone with it
+    assert not model._forward_hooks and not model.backbone._forward_pre_hooks
+    assert not any(layer.attn._forward_hooks for layer in model.backbone.layers)
     hook.before_train_iter(runner, 0)
     assert 'loss_distill' not in model(*batch(), mode='loss')
 
@@ -681,3 +684,10 @@ def test_patch_tokens_only_is_forced_for_students_without_class_token(
         teacher_ckpt, attn_type, patch_tokens_only, expected):
     hook, _ = set_up(attn_type, teacher_cfg(teacher_ckpt), patch_tokens_only=patch_tokens_only)
     assert hook.patch_tokens_only is expected
+
+
+@pytest.mark.parametrize('target', ['output', 'map'])
+def test_nothing_recorded_outlives_its_iteration(peaked_teacher, target):
+    hook, *_ = distil_once('relu', peaked_teacher, target=target)
+    for recorder in (hook._student_rec, hook._teacher_rec):
+        assert not recorder.active and not recorder.outputs and not recorder.maps

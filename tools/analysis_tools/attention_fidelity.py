@@ -297,7 +297,8 @@ def compare(student, teacher, batches, patch_tokens_only):
                 for index in range(num_blocks):
                     num_patches = student_out[index].shape[-2] - student.num_extra_tokens
                     stats[kind][index].add(*align_tokens(student_out[index], teacher_out[index],
-                                                         num_patches, patch_tokens_only))
+                                                         num_patches, patch_tokens_only,
+                                                         is_map=False))
     finally:
         student_rec.remove()
         teacher_rec.remove()

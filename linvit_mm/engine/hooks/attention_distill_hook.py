@@ -77,7 +77,7 @@ def _patch_size(model):
     return None
 
 
-def align_tokens(student, teacher, num_patches, patch_only, is_map=False):
+def align_tokens(student, teacher, num_patches, patch_only, is_map):
     """Make student and teacher tokens comparable.
 
     Both sequences end with the same ``num_patches`` patch tokens (same image, same
