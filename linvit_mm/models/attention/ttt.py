@@ -40,13 +40,92 @@ from .base import LEADING_ROWS, OWN_INIT, BaseAttention, float32_state, register
 DEFAULT_INNER_SCALE = 9**-0.5
 
 
-def _reference_normalised_gradient(grad, dim):
-    """``g / (||g|| + 1)`` along ``dim``: a soft clip that keeps small steps linear."""
-    return grad / (grad.norm(dim=dim, keepdim=True) + 1.)
+def naive_neighbours(hw_shape, device=None, dtype=None):
+    """``(9, H*W, H*W)`` 0/1 matrices: entry ``[3 (a + 1) + (b + 1), p, q]`` is 1 where token
+    ``q`` sits at row offset ``a`` and column offset ``b`` (each in -1, 0, 1) from token ``p``
+    on the row-major ``H x W`` grid, 0 where that neighbour falls off the grid (zero padding)."""
+    H, W = hw_shape
+    entries = [(3 * (a + 1) + (b + 1), i * W + j, (i + a) * W + j + b)
+               for i in range(H) for j in range(W) for a in (-1, 0, 1) for b in (-1, 0, 1)
+               if 0 <= i + a < H and 0 <= j + b < W]
+    neighbours = torch.zeros(9, H * W, H * W, device=device, dtype=dtype)
+    neighbours[tuple(torch.tensor(entries, device=device).T)] = 1
+    return neighbours
 
 
-def _reference_swiglu(tokens, w1, w2):
+def naive_depthwise3x3(tokens, kernel, hw_shape):
+    """The zero-padded 3x3 depthwise convolution of ``(..., H*W, c)`` grid tokens with a
+    ``(c, 3, 3)`` kernel, as ``F.conv2d`` defines it (a cross-correlation), summed pixel by
+    pixel over the in-grid neighbours:
+
+        out[i, j, ch] = sum_{a, b in -1, 0, 1} kernel[ch, a + 1, b + 1] * x[i + a, j + b, ch]
+
+    O((H W)^2): the test oracle of the fast convolutions, which shares no code with them."""
+    neighbours = naive_neighbours(hw_shape, tokens.device, tokens.dtype)
+    return torch.einsum('tpq,...qc,ct->...pc', neighbours, tokens, kernel.reshape(-1, 9))
+
+
+def naive_swiglu(tokens, w1, w2):
+    """The SwiGLU inner model ``F(t) = (t W1) * silu(t W2)``."""
     return (tokens @ w1) * F.silu(tokens @ w2)
+
+
+def naive_inner_step(loss_of, inits, norm_dims):
+    """One normalised gradient step (step size 1) of ``loss_of(*weights)`` from ``inits``:
+    ``W' = W - g / (||g|| + 1)``, ``g = dL/dW`` by autograd, the norm over ``norm_dims`` of
+    ``g``. The gradient is taken at the inits through a zero offset, so it exists even when
+    the inits themselves need no gradient; its graph is kept, so ``W'`` is differentiable."""
+    offsets = [torch.zeros_like(init, requires_grad=True) for init in inits]
+    loss = loss_of(*(init + offset for init, offset in zip(inits, offsets)))
+    grads = torch.autograd.grad(loss, offsets, create_graph=True)
+    return [init - grad / (torch.linalg.vector_norm(grad, dim=norm_dims, keepdim=True) + 1)
+            for init, grad in zip(inits, grads)]
+
+
+def naive_ttt_inner(qkv, w1, w2, w3, num_extra, hw_shape, inner_scale, rotations=None):
+    """ViT^3's inner models of ONE image written out from their definition (the test oracle,
+    see :class:`TTTAttention`): ``(N, 3C + 3d)`` qkv -> ``(N, C + d)`` readouts.
+
+    Head ``h`` of ``q``, ``k``, ``v`` is read off channels ``[p*C + h*d, p*C + (h+1)*d)``
+    of ``qkv`` (``p`` = 0, 1, 2), the conv head's off ``[3C + p*d, 3C + (p+1)*d)``. Per
+    SwiGLU head, ``(W1, W2)`` take one :func:`naive_inner_step` of
+    ``-scale / N * sum_i <F(k_i), v_i>`` (norms per output column), then ``F`` reads the
+    queries. The conv kernel takes one step of ``-scale / (H W) * sum_p <conv(k)_p, v_p>``
+    over the patches (norms per channel) and reads the patch queries with
+    :func:`naive_depthwise3x3`; every extra token is read as a 1 x 1 image of its own.
+    ``rotations`` (``(N, d, d)``, identity for extra tokens) turn the SwiGLU heads' queries
+    and keys first. Shares no code with the fast form.
+
+    Args:
+        qkv (Tensor): ``(N, 3C + 3d)``.
+        w1, w2 (Tensor): ``(heads, d, d)`` initial SwiGLU weights.
+        w3 (Tensor): ``(d, 3, 3)`` initial conv kernel.
+    """
+    heads, d, _ = w1.shape
+    C = heads * d
+    N = qkv.shape[0]
+    H, W = hw_shape
+    readouts = []
+    for h in range(heads):
+        q, k, v = (qkv[:, p * C + h * d:p * C + (h + 1) * d] for p in range(3))
+        if rotations is not None:
+            q, k = (torch.einsum('nij,nj->ni', rotations, t) for t in (q, k))
+
+        def swiglu_loss(a, b, k=k, v=v):
+            return -inner_scale / N * (naive_swiglu(k, a, b) * v).sum()
+
+        readouts.append(naive_swiglu(q, *naive_inner_step(swiglu_loss, (w1[h], w2[h]), -2)))
+
+    q3, k3, v3 = (qkv[:, 3 * C + p * d:3 * C + (p + 1) * d] for p in range(3))
+
+    def conv_loss(kernel):
+        fitted = naive_depthwise3x3(k3[num_extra:], kernel, hw_shape)
+        return -inner_scale / (H * W) * (fitted * v3[num_extra:]).sum()
+
+    (w3_fit, ) = naive_inner_step(conv_loss, (w3, ), (-2, -1))
+    conv_out = [naive_depthwise3x3(q3[i:i + 1], w3_fit, (1, 1)) for i in range(num_extra)]
+    conv_out.append(naive_depthwise3x3(q3[num_extra:], w3_fit, hw_shape))
+    return torch.cat(readouts + [torch.cat(conv_out, dim=0)], dim=-1)
 
 
 def _inner_precision(device_type):
@@ -75,8 +154,12 @@ class TTTAttention(BaseAttention):
 
     ``forward`` computes the inner gradients in closed form, batched over images and heads,
     as one autograd node with a hand-written backward (``ops/ttt_step.py``; C++ on the CPU);
-    ``forward_reference`` takes them with ``torch.autograd.grad`` of the inner loss, image by
-    image (the test oracle). Both keep the inner step differentiable for outer training.
+    ``forward_reference`` (the test oracle) is :func:`naive_ttt_inner`, image by image: the
+    heads read off channel slices, RoPE as explicit per-token matrices, the inner gradients
+    by ``torch.autograd.grad`` of the inner loss and the convolutions as sums over each
+    pixel's neighbours; apart from ``qkv``, ``proj`` and the RoPE tables it shares no code
+    with ``forward``. Both keep the inner step differentiable for outer training.
+    ``encode_position_reference`` is the same kind of oracle for ``encode_position``.
 
     Args:
         embed_dims (int): channels ``C``.
@@ -140,13 +223,11 @@ class TTTAttention(BaseAttention):
         extra_code = x[:, :num_extra] * (1 + self.cpe.weight[:, 0, 1, 1]) + self.cpe.bias
         return torch.cat([extra_code, patch_code], dim=1)
 
-    def _rotate_qk(self, qkv, hw_shape, num_extra, reference=False):
+    def _rotate_qk(self, qkv, hw_shape, num_extra):
         """``qkv`` ``(B, N, 3C + 3d)`` with the SwiGLU heads' q and k rotated by RoPE."""
         rotation = self.rotation(hw_shape, num_extra, qkv)
         if rotation is None:
             return qkv
-        if reference:
-            rotation = rotation.as_reference()
         C = self.embed_dims
         q, k, rest = qkv.split([C, C, qkv.shape[-1] - 2 * C], dim=-1)
         q, k = (rotation.rotate(self.split_heads(t, num_parts=1)[0]) for t in (q, k))
@@ -167,47 +248,18 @@ class TTTAttention(BaseAttention):
                                     hw_shape)
         return self.project(inner_out.to(qkv.dtype))
 
-    # ---- reference: autograd of the stated inner loss, one image at a time -----------------
+    # ---- reference: the definitions written out, one image at a time ----------------------
 
-    def _inner_reference(self, qkv, num_extra, hw_shape):
-        """``qkv`` of ONE image ``(N, 3C + 3d)`` -> its ``(N, C + d)`` inner readouts."""
-        C, d, heads = self.embed_dims, self.head_dims, self.num_heads
-        H, W = hw_shape
-        N = qkv.shape[0]
-        q, k, v = float32_state(*(t.reshape(N, heads, d).transpose(0, 1)
-                                  for t in qkv[:, :3 * C].chunk(3, dim=-1)))
-        q_conv, k_conv, v_conv = float32_state(*qkv[:, 3 * C:].chunk(3, dim=-1))
-
-        # SwiGLU: the per-head losses are summed; each head's gradient only sees its own loss
-        # because heads share no weights. The step is taken at the learned init through a zero
-        # offset, so the gradient exists even when the init itself is frozen.
-        w1_init, w2_init = float32_state(self.w1[0], self.w2[0])
-        offset1 = torch.zeros_like(w1_init, requires_grad=True)
-        offset2 = torch.zeros_like(w2_init, requires_grad=True)
-        fitted = _reference_swiglu(k, w1_init + offset1, w2_init + offset2)
-        loss = -self.inner_scale / N * (fitted * v).sum()
-        grad_w1, grad_w2 = torch.autograd.grad(loss, (offset1, offset2), create_graph=True)
-        w1 = w1_init - _reference_normalised_gradient(grad_w1, -2)
-        w2 = w2_init - _reference_normalised_gradient(grad_w2, -2)
-        swiglu_out = _reference_swiglu(q, w1, w2).transpose(0, 1).reshape(N, C)
-
-        def depthwise(image, kernel):
-            return F.conv2d(image, kernel, padding=1, groups=d)
-
-        def to_image(t):
-            return t[num_extra:].transpose(0, 1).reshape(1, d, H, W)
-
-        (w3_init, ) = float32_state(self.w3)
-        offset3 = torch.zeros_like(w3_init, requires_grad=True)
-        fitted = depthwise(to_image(k_conv), w3_init + offset3)
-        loss = -self.inner_scale / (H * W) * (fitted * to_image(v_conv)).sum()
-        (grad_w3, ) = torch.autograd.grad(loss, (offset3, ), create_graph=True)
-        w3 = w3_init - _reference_normalised_gradient(grad_w3, (-2, -1))
-        patch_out = depthwise(to_image(q_conv), w3).reshape(d, H * W).transpose(0, 1)
-        # every extra token is a 1 x 1 image of its own
-        extra_out = depthwise(q_conv[:num_extra].reshape(num_extra, d, 1, 1), w3)
-        conv_out = torch.cat([extra_out.reshape(num_extra, d), patch_out], dim=0)
-        return torch.cat([swiglu_out, conv_out], dim=-1)
+    def encode_position_reference(self, x, hw_shape):
+        """:meth:`encode_position` from its definition (the test oracle): ``x`` plus
+        :func:`naive_depthwise3x3` of the grid plus the bias, every extra token a 1 x 1 image
+        of its own."""
+        num_extra = self.num_extra_tokens(x, hw_shape)
+        kernel, bias = self.cpe.weight[:, 0], self.cpe.bias
+        images = [(x[:, i:i + 1], (1, 1)) for i in range(num_extra)]
+        images.append((x[:, num_extra:], hw_shape))
+        return torch.cat([t + naive_depthwise3x3(t, kernel, grid) + bias for t, grid in images],
+                         dim=1)
 
     def forward_reference(self, x, hw_shape):
         num_extra = self.num_extra_tokens(x, hw_shape)
@@ -215,10 +267,15 @@ class TTTAttention(BaseAttention):
         # autograd.grad needs a graph even when the caller runs under no_grad
         with torch.enable_grad():
             qkv = self.qkv(x)
-            with _inner_precision(x.device.type):
-                rotated = self._rotate_qk(qkv, hw_shape, num_extra, reference=True)
-                inner_out = torch.stack(
-                    [self._inner_reference(image, num_extra, hw_shape) for image in rotated])
+            dtype = torch.promote_types(qkv.dtype, torch.float32)
+            rotations = self.rotation_matrices(hw_shape, num_extra, qkv)
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                w1, w2, w3 = (t.to(dtype) for t in (self.w1[0], self.w2[0], self.w3[:, 0]))
+                if rotations is not None:
+                    rotations = rotations.to(dtype)
+                inner_out = torch.stack([
+                    naive_ttt_inner(image.to(dtype), w1, w2, w3, num_extra, hw_shape,
+                                    self.inner_scale, rotations) for image in qkv])
             out = self.project(inner_out.to(qkv.dtype))
         return out if grad_enabled else out.detach()
 
