@@ -105,3 +105,57 @@ def test_impulse_offsets_cycle_when_heads_exceed_nine():
             inside = (rows + dy >= 0) & (rows + dy < H) & (cols + dx >= 0) & (cols + dx < W)
             hits = ((q @ k.T).argmax(-1) == (rows + dy) * W + cols + dx)[inside].double().mean()
             assert hits > 0.9, (head, hits)
+
+
+@pytest.mark.parametrize('rank', [0, 9])
+def test_factor_rank_outside_one_to_dim_is_refused(rank):
+    from linvit_mm.transfer.analytic import identity_plus_noise_factors
+    with pytest.raises(ValueError, match=rf'^rank must be in \[1, 8\], got {rank}$'):
+        identity_plus_noise_factors(8, rank, .5, .5, sign=1)
+
+
+def test_full_rank_factors_give_the_target_itself():
+    from linvit_mm.transfer.analytic import identity_plus_noise_factors
+    torch.manual_seed(SEED)
+    left, right = identity_plus_noise_factors(8, 8, .4, .3, sign=-1, num=2)
+    torch.manual_seed(SEED)
+    target = .4 * torch.randn(2, 8, 8) / 8 ** .5 - .3 * torch.eye(8)
+    assert left.shape == (2, 8, 8) and right.shape == (2, 8, 8)
+    torch.testing.assert_close(left @ right, target, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize('head_type', ['VisionTransformerClsHead', 'LinearClsHead'])
+@pytest.mark.parametrize('setting', ['mimetic', 'impulse'])
+def test_analytic_settings_leave_a_module_without_blocks_alone(setting, head_type):
+    """A classifier head has no attention (ViT's head has ``layers``, without ``attn``; a
+    linear head not even that): nothing is written, and impulse does not look for a patch
+    grid or a position embedding it does not have."""
+    from mmpretrain.models import heads
+    torch.manual_seed(SEED)
+    head = getattr(heads, head_type)(num_classes=10, in_channels=C)
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    report = transfer_softmax_weights(head, setting=setting, prefix='head.')
+    assert report['analytic'] == [] and report['notes'] == []
+    for name, value in head.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.parametrize('init', ['mimetic_init', 'impulse_init'])
+def test_an_attention_of_another_shape_is_refused_before_any_write(init):
+    """TTT's qkv carries extra rows: called directly, either init names the block and both
+    shapes, and writes nothing."""
+    from linvit_mm.transfer import analytic
+    torch.manual_seed(SEED)
+    model = LinearViT(arch=dict(embed_dims=32, num_layers=2, num_heads=2,
+                                feedforward_channels=64), img_size=32, attn_type='ttt')
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rows = model.layers[0].attn.qkv.weight.shape[0]
+    defaults = analytic.MIMETIC_DEFAULTS if init == 'mimetic_init' else analytic.IMPULSE_DEFAULTS
+    with pytest.raises(ValueError) as info:
+        getattr(analytic, init)(model, **defaults)
+    assert str(info.value) == (
+        f'layers.0.attn (ttt) is not a q/k/v + output projection of width 32 (qkv ({rows}, 32), '
+        f'proj {tuple(model.layers[0].attn.proj.weight.shape)}); Mimetic and Impulse need that '
+        f'parameterisation')
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name

@@ -173,3 +173,42 @@ def test_with_num_heads_returns_a_checked_copy(timm_sd):
     with pytest.raises(ValueError, match='does not divide'):
         ckpt.with_num_heads(7)
     assert 'not recorded in the checkpoint; state it with num_heads' in ckpt.summary()
+
+
+def deit3_like(width):
+    """A checkpoint read as DeiT III from its tensors (LayerScale, a position embedding
+    without class slot), which DINOv2's tensors would fit as well."""
+    return SoftmaxCheckpoint(state_dict={'backbone.pos_embed': torch.zeros(1, 4, width)},
+                             source_format='timm', embed_dims=width, num_extra_tokens=0,
+                             layer_scale=True, family='deit3', family_from='its tensors')
+
+
+def test_with_family_restates_the_family_and_what_it_fixes():
+    ckpt = deit3_like(1536)  # a width DINOv2 released (ViT-g, 24 heads), DeiT III did not
+    assert ckpt.with_family(None) is ckpt and ckpt.with_family('deit3') is ckpt
+    dinov2 = ckpt.with_family('dinov2')
+    assert (dinov2.family, dinov2.family_from, dinov2.rope) == (
+        'dinov2', "given as family='dinov2'", None)
+    assert (dinov2.num_heads, dinov2.num_heads_from) == (24, 'the dinov2 family at width 1536')
+    assert dinov2.state_dict is ckpt.state_dict
+    assert (ckpt.family, ckpt.num_heads) == ('deit3', None)
+    # a head count the checkpoint already states stays
+    stated = ckpt.with_num_heads(16).with_family('dinov2')
+    assert (stated.num_heads, stated.num_heads_from) == (16, 'given as num_heads=16')
+    # a width the family did not release leaves it unknown
+    assert deit3_like(64).with_family('dinov2').num_heads is None
+
+
+def test_with_family_checks_the_tensors_and_the_release():
+    ckpt = deit3_like(384)
+    with pytest.raises(ValueError, match=r"family='clip' was given, but the checkpoint cannot be "
+                                         r'a CLIP .* it has pre_norm=False, layer_scale=True;'):
+        ckpt.with_family('clip')
+    # the position embedding is what makes it DINOv2-like
+    without_pos = SoftmaxCheckpoint(**dict(vars(ckpt), state_dict={}))
+    with pytest.raises(ValueError, match=r'it has pos_embed=False; drop family='):
+        without_pos.with_family('dinov2')
+    release = SoftmaxCheckpoint(**dict(vars(ckpt), source_format='dinov2', family='dinov2'))
+    with pytest.raises(ValueError, match=r"family='deit3' was given, but the checkpoint is a "
+                                         r"'dinov2' release"):
+        release.with_family('deit3')

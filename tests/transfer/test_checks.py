@@ -234,3 +234,34 @@ def test_report_absent_tensors_when_partial_copies_are_allowed(timm_sd, build, r
     assert report['absent in checkpoint'] == ['layers.2.attn.qkv.bias']
     assert report['counts']['attention']['absent in checkpoint'] == 1
     assert report['copied in part'] == {'attention': {2: ['layers.2.attn.qkv.bias']}}
+
+
+def test_a_refusal_lists_five_parts_and_counts_the_rest(timm_sd, build, refuses):
+    sd = without(timm_sd, r'blocks\.[0-6]\.mlp\.fc1\.bias')
+    message = refuses(build('relu'), sd, setting='mlpcopy')
+    lines = message.splitlines()
+    start = lines.index("setting 'mlpcopy': the checkpoint (timm layout) holds mlp only in "
+                        'part; absent in it:')
+    assert lines[start + 1:start + 8] == [
+        f'  mlp of block {block}: layers.{block}.ffn.layers.0.0.bias' for block in range(5)] + [
+        '  ... (7 parts in all)',
+        "Copied next to tensors that keep their own init, the rest would compute neither the "
+        "checkpoint's function nor a fresh one. Nothing was copied. Use a complete checkpoint, "
+        'copy without the component, or pass allow_partial=True to copy what there is (the '
+        'report then lists what was left out).']
+
+
+# --------------------------------------------------------------- architecture
+
+
+def test_a_checkpoint_without_patch_embedding_leaves_its_patch_size_unchecked(timm_sd, sources,
+                                                                             build):
+    """Backbone-only weights without the patch embedding: its patch size is unknown, so the
+    position embedding (which depends on it) copies unchecked instead of being refused."""
+    model = build('relu')
+    report = transfer_softmax_weights(model, without(timm_sd, r'patch_embed\.'),
+                                      components=['pos_embed'])
+    assert report['copied'] == ['pos_embed'] and report['warnings'] == []
+    assert torch.equal(model.pos_embed.detach(), sources['pos_embed'])
+    assert ('checkpoint: no patch embedding (backbone.patch_embed.projection) mapped; '
+            'patch_size unknown') in report['notes']

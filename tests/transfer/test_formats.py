@@ -102,6 +102,30 @@ def test_run_checkpoint_with_message_hub_is_read(tmp_path):
                        vit.layers[1].attn.qkv.weight)
 
 
+
+def test_non_tensor_entries_of_the_state_dict_are_set_aside(timm_sd, expected):
+    with_version = OrderedDict(timm_sd, version=2, _arch='deit_tiny')
+    ckpt = load_softmax_checkpoint({'model': with_version})
+    assert ckpt.unused_groups['non-tensor entries'] == ['version', '_arch']
+    assert set(ckpt.state_dict) == set(expected)
+    assert 'non-tensor entries' not in load_softmax_checkpoint(timm_sd).unused_groups
+
+
+@pytest.mark.parametrize('extra,layout,method', [
+    ({}, 'dino', 'DINO'), ({'ibot_loss': {'center': torch.zeros(8)}}, 'ibot', 'iBOT'),
+], ids=['dino', 'ibot'])
+def test_a_teacher_in_timm_names_is_the_encoder(extra, layout, method, timm_sd, expected):
+    """A DINO / iBOT checkpoint whose teacher is a bare timm ViT (no ``backbone.`` wrapper)."""
+    student = OrderedDict((k, torch.zeros_like(v)) for k, v in timm_sd.items())
+    ckpt = load_softmax_checkpoint(dict({'teacher': timm_sd, 'student': student, 'epoch': 3},
+                                        **extra))
+    assert ckpt.source_format == layout
+    assert f'{method}: using the teacher; the student is ignored' in ckpt.notes
+    assert list(ckpt.state_dict) == list(expected)
+    for name, value in expected.items():
+        assert torch.equal(ckpt.state_dict[name], value), name
+
+
 # ------------------------------------------------------------------ non-finite tensors
 
 

@@ -1,5 +1,6 @@
 """What a checkpoint's shapes and metadata say: width, depth, position layout, head count."""
 import argparse
+import re
 from collections import OrderedDict
 
 import pytest
@@ -7,7 +8,7 @@ import timm
 import torch
 
 from linvit_mm.transfer import load_softmax_checkpoint
-from linvit_mm.transfer.inference import check_num_heads
+from linvit_mm.transfer.inference import Layout, check_num_heads, infer_layout
 
 
 def test_arch_names_give_heads_only_in_their_own_code_base(timm_sd):
@@ -92,3 +93,50 @@ def test_a_given_head_count_is_checked():
     with pytest.raises(ValueError, match=r"num_heads=6 was given, but the checkpoint states "
                                          r"num_heads=12 \(checkpoint\['arch'\]='vit_small'\)"):
         check_num_heads(6, 384, stated=12, stated_from="checkpoint['arch']='vit_small'")
+
+
+@pytest.mark.parametrize('drop,embed_dims', [
+    (r'patch_embed\.', 192), (r'patch_embed\.|blocks\.0\.attn\.qkv\.', None),
+], ids=['width-from-qkv', 'width-unknown'])
+def test_without_patch_embedding_the_width_comes_from_the_first_qkv(drop, embed_dims, timm_sd):
+    sd = OrderedDict((k, v) for k, v in timm_sd.items() if not re.match(drop, k))
+    ckpt = load_softmax_checkpoint(sd)
+    assert (ckpt.embed_dims, ckpt.patch_size, ckpt.depth) == (embed_dims, None, 12)
+    assert ('no patch embedding (backbone.patch_embed.projection) mapped; patch_size unknown'
+            in ckpt.notes)
+
+
+def test_missing_block_indices_are_noted(timm_sd):
+    sd = OrderedDict((k, v) for k, v in timm_sd.items() if not k.startswith(('blocks.4.',
+                                                                               'blocks.7.')))
+    ckpt = load_softmax_checkpoint(sd)
+    assert ckpt.depth == 12
+    assert (f'layer indices are not contiguous: {[i for i in range(12) if i not in (4, 7)]}'
+            in ckpt.notes)
+    assert not any('not contiguous' in note for note in load_softmax_checkpoint(timm_sd).notes)
+
+
+def test_a_state_without_blocks_has_no_depth():
+    state = {'backbone.patch_embed.projection.weight': torch.zeros(32, 3, 8, 8),
+             'head.layers.head.weight': torch.zeros(10, 32)}
+    assert infer_layout(state, has_dist=False) == Layout(32, None, (8, 8), None, None, [])
+
+
+@pytest.mark.parametrize('shape', [(197, 192), (1, 1, 197, 192), (2, 197, 96)],
+                         ids=['2d', '4d', 'batch-of-two'])
+def test_a_pos_embed_of_another_layout_is_refused(shape, timm_sd):
+    sd = OrderedDict(timm_sd, pos_embed=timm_sd['pos_embed'].reshape(shape))
+    with pytest.raises(ValueError, match=re.escape(
+            f'pos_embed must have shape (1, tokens, C), got {shape}')):
+        load_softmax_checkpoint(sd)
+
+
+@pytest.mark.parametrize('cfg,num_heads,where', [
+    ("model = dict(backbone=dict(type='VisionTransformer', num_heads=3, embed_dims=192))", 3,
+     "meta['cfg']=3"),
+    ('blocks = [dict(num_heads=3), dict(num_heads=6)]', None, None),
+    ("model = dict(backbone=dict(arch='deit-tiny'))", 3, "meta['cfg'] arch='deit-tiny'"),
+], ids=['one-count', 'two-counts', 'arch-only'])
+def test_an_mmpretrain_config_text_gives_the_head_count(cfg, num_heads, where, expected):
+    ckpt = load_softmax_checkpoint({'state_dict': expected, 'meta': {'cfg': cfg}})
+    assert (ckpt.num_heads, ckpt.num_heads_from) == (num_heads, where)

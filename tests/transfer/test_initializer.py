@@ -150,3 +150,34 @@ def test_a_transfer_from_a_parent_module_is_not_overwritten_either(ckpt_paths, s
     assert len(classifier.transfer_report['copied']) == 152
     assert torch.equal(classifier.backbone.layers[7].attn.qkv.weight,
                        sources['layers.7.attn.qkv.weight'])
+
+
+def test_the_initialiser_called_on_its_own(ckpt_paths, sources, build):
+    """Outside ``init_weights`` (no init-info bookkeeping): it copies and attaches the report."""
+    from linvit_mm.transfer.initializer import SoftmaxTransferInit
+    model = build('relu')
+    SoftmaxTransferInit(checkpoint=str(ckpt_paths['timm']), setting='mlpcopy')(model)
+    assert len(model.transfer_report['copied']) == 72
+    for name in model.transfer_report['copied']:
+        assert torch.equal(model.state_dict()[name], sources[name]), name
+
+
+def test_a_wrapped_child_is_initialised_before_the_transfer():
+    """A child inside a model wrapper (DataParallel has no init_weights of its own) gets its
+    init_cfg run first, and mmengine does not run it again."""
+    from mmengine.model import BaseModule
+    from linvit_mm.transfer.initializer import SoftmaxTransferInit
+
+    class Child(BaseModule):
+
+        def __init__(self):
+            super().__init__(init_cfg=dict(type='Constant', layer='Linear', val=0.5))
+            self.fc = torch.nn.Linear(2, 2)
+
+    parent = torch.nn.Module()
+    parent.wrapped = torch.nn.DataParallel(Child())
+    SoftmaxTransferInit(setting='random')(parent)
+    child = parent.wrapped.module
+    assert child.is_init
+    assert torch.equal(child.fc.weight, torch.full((2, 2), 0.5))
+    assert parent.transfer_report['setting'] == 'random'

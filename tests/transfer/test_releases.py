@@ -99,3 +99,41 @@ def test_eva_attention_and_swiglu_fold_into_plain_names():
 def test_timm_state_dicts_are_no_release(timm_source):
     for word in ('dinov2-reg-small', 'dinov3-small', 'eva02-tiny', 'clip-base'):
         assert find_release(timm_source(word, img_size=4 * patch(word)).state_dict()) is None
+
+
+def test_dinov3_masks_without_a_bias_are_set_aside(timm_source, release):
+    state = release('dinov3-small', timm_source('dinov3-small', img_size=64).state_dict())
+    masks = [key for key in state if key.endswith('.attn.qkv.bias_mask')]
+    for key in masks:
+        del state[key[:-len('_mask')]]
+    ckpt = load_softmax_checkpoint(state)
+    assert ckpt.unused_groups['qkv bias mask (applied)'] == masks
+    assert not ckpt.qkv_bias
+    assert not any('all-zero qkv bias' in note for note in ckpt.notes)
+
+
+@pytest.mark.parametrize('final_norm', ['norm', 'fc_norm'])
+def test_eva02_pre_training_norm_becomes_the_pooled_norm(final_norm, timm_source, release):
+    """The MIM release's final ``norm`` is read as timm's ``fc_norm``, as timm does; a release
+    that already names it ``fc_norm`` is read as it is."""
+    state = release('eva02-tiny', timm_source('eva02-tiny').state_dict())
+    if final_norm == 'fc_norm':
+        state = OrderedDict((key.replace('norm.', 'fc_norm.') if key.startswith('norm.')
+                             else key, value) for key, value in state.items())
+    ckpt = load_softmax_checkpoint(state)
+    assert ckpt.source_format == 'eva02'
+    for name in ('weight', 'bias'):
+        assert torch.equal(ckpt.state_dict[f'backbone.ln2.{name}'], state[f'{final_norm}.{name}'])
+    moved = 'EVA-02: the pre-training final norm is read as the pooled-feature norm (fc_norm), ' \
+            'as timm does for fine-tuning'
+    assert (moved in ckpt.notes) == (final_norm == 'norm')
+
+
+def test_separate_qkv_projections_without_biases_fold_into_one_weight():
+    weights = {part: torch.randn(8, 8) for part in 'qkv'}
+    state, notes = merge_timm_variants(OrderedDict(
+        (f'blocks.0.attn.{part}_proj.weight', weight) for part, weight in weights.items()))
+    assert list(state) == ['blocks.0.attn.qkv.weight']
+    assert torch.equal(state['blocks.0.attn.qkv.weight'],
+                       torch.cat([weights['q'], weights['k'], weights['v']]))
+    assert len(notes) == 1 and notes[0].endswith('; separate q/k/v projections as one qkv')

@@ -278,3 +278,81 @@ def test_fullcopy_fills_each_block_of_a_hybrid_by_its_operator(ckpt_paths, sourc
                 assert torch.equal(after[key][rows:], before[key][rows:]), key
     assert report['partial']['layers.5.attn.qkv.weight'].startswith(f'rows 0:{3 * C} of ')
     assert 'layers.3.attn.feature_proj' in report['kept own init']
+
+
+# --------------------------------------------------------------- options and misfits
+
+
+def test_a_setting_that_copies_nothing_does_not_read_the_checkpoint(tmp_path, build, state,
+                                                                    random_state,
+                                                                    assert_same_state):
+    model = build('relu')
+    report = transfer_softmax_weights(model, tmp_path / 'never_read.pth', setting='random')
+    assert report['notes'] == ["setting 'random' copies nothing; the checkpoint was not read"]
+    assert report['source_format'] is None and report['copied'] == []
+    assert_same_state(state(model), random_state('relu'))
+
+
+def test_analytic_options_are_refused_by_a_copying_setting(ckpt_paths, build, refuses):
+    refuses(build('relu'), ckpt_paths['timm'], setting='copy', analytic_cfg=dict(qk_alpha=1.),
+            match=re.escape("analytic_cfg {'qk_alpha': 1.0} is only used by the mimetic and "
+                            'impulse settings'))
+
+
+@pytest.mark.parametrize('change', ['narrower', 'more rows'])
+def test_a_misfit_tensor_an_operator_fills_by_rows_is_refused(change, timm_sd, build, refuses):
+    """TTT takes a checkpoint's qkv as the leading rows of its wider one: only a tensor with
+    fewer rows and the same columns fits that way."""
+    model = build('ttt')
+    rows = model.layers[3].attn.qkv.weight.shape[0]
+    qkv = timm_sd['blocks.3.attn.qkv.weight']
+    misfit = qkv[:, :100] if change == 'narrower' else torch.zeros(rows + 1, C)
+    sd = OrderedDict(timm_sd, **{'blocks.3.attn.qkv.weight': misfit})
+    message = refuses(model, sd, setting='copy')
+    assert message.splitlines()[1:3] == [
+        '  1 tensor(s) differ in shape, the first:',
+        f'    backbone.layers.3.attn.qkv.weight: checkpoint {tuple(misfit.shape)} vs model '
+        f'({rows}, {C})']
+
+
+@pytest.mark.parametrize('model_depth,ckpt_blocks,problem', [
+    (6, range(12), 'the model has 6 blocks, the checkpoint 12; checkpoint blocks 6-11 have no '
+                   'place in the model'),
+    (12, [0, 1] + list(range(3, 12)), 'the model has 12 blocks, the checkpoint 11; blocks 2 of '
+                                      'the model are not in the checkpoint'),
+    (6, [0, 1] + list(range(3, 12)), 'the model has 6 blocks, the checkpoint 11; blocks 2 of the '
+                                     'model are not in the checkpoint; checkpoint blocks 6-11 '
+                                     'have no place in the model'),
+], ids=['deeper-checkpoint', 'a-block-missing', 'both'])
+def test_a_depth_mismatch_names_both_sides(model_depth, ckpt_blocks, problem, timm_sd, build,
+                                           refuses):
+    keep = {f'blocks.{i}.' for i in ckpt_blocks}
+    sd = OrderedDict((k, v) for k, v in timm_sd.items()
+                     if not k.startswith('blocks.') or k[:k.index('.', 7) + 1] in keep)
+    model = build('relu', arch=dict(embed_dims=C, num_layers=model_depth, num_heads=3,
+                                    feedforward_channels=4 * C))
+    message = refuses(model, sd, setting='mlpcopy')
+    assert message.splitlines()[1] == f'  depth differs: {problem}'
+
+
+def test_tensors_of_no_component_are_reported_as_other(ckpt_paths, sources, state):
+    """A whole classifier with a neck: the neck has no Softmax ViT counterpart."""
+    from mmpretrain.models import ImageClassifier
+    torch.manual_seed(0)
+    classifier = ImageClassifier(
+        backbone=dict(type='LinearViT', arch='tiny', attn_type='relu'),
+        neck=dict(type='LinearNeck', in_channels=C, out_channels=C, gap_dim=0),
+        head=dict(type='VisionTransformerClsHead', num_classes=1000, in_channels=C))
+    neck = {f'neck.{name}': value for name, value in state(classifier.neck).items()}
+    report = transfer_softmax_weights(classifier, ckpt_paths['timm'], setting='fullcopy',
+                                      prefix='')
+    assert report['counts']['other'] == {'copied': 0, 'analytic': 0,
+                                         'kept own init': len(neck), 'absent in checkpoint': 0,
+                                         'not in model': 0}
+    assert {name: report['kept own init'][name] for name in neck} == dict.fromkeys(
+        neck, 'no Softmax ViT counterpart')
+    after = state(classifier)
+    for name, value in neck.items():
+        assert torch.equal(after[name], value), name
+    assert torch.equal(after['backbone.layers.0.attn.qkv.weight'],
+                       sources['layers.0.attn.qkv.weight'])
