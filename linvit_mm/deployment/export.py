@@ -12,7 +12,8 @@ the graph, as in mmdeploy's ``tensor`` inputs.
   them by their PyTorch forms (``linvit_mm.ops.torch_forms``) and the program loads with
   PyTorch alone.
 * :func:`export_onnx`: the portable program translated by ``torch.onnx.export``
-  (``dynamo=True``), checked with onnxruntime.
+  (``dynamo=True``), checked with onnxruntime; :func:`program_to_onnx` does the
+  translation for a program already exported.
 * ``dynamic=True``: batch, height and width are symbols; height and width take any
   multiple of the patch size (``torch.export.Dim`` for the patch grid, times the patch
   size), so one graph serves every image size, square or not. The model code takes the
@@ -144,7 +145,17 @@ def export_onnx(model, shape, path, batch_size=1, dynamic=False, opset_version=N
     """Write the ONNX graph of ``model`` to ``path``: the portable ``torch.export`` program
     (see :func:`export_program`) translated by ``torch.onnx.export``. Returns the
     ``ONNXProgram``."""
-    program = export_program(model, shape, batch_size, dynamic=dynamic, portable=True)
+    program = export_program(model, shape, batch_size, dynamic=dynamic)
+    return program_to_onnx(program, path, opset_version)
+
+
+def program_to_onnx(program, path, opset_version=None):
+    """Write the ONNX graph of a program of :func:`export_program` to ``path``: its
+    portable form translated by ``torch.onnx.export``, what :func:`export_onnx` writes for
+    the same arguments. A program already exported (and checked) for ``torch.export``
+    thereby gives its ONNX graph without being traced again. Returns the ``ONNXProgram``."""
+    from ..ops import torch_forms
+    program = program.run_decompositions(torch_forms())
     onnx_program = torch.onnx.export(program, f=None, dynamo=True, optimize=True,
                                      opset_version=opset_version, verbose=False)
     onnx_program.save(str(path))
