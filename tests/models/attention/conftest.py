@@ -66,6 +66,23 @@ def assert_matches_reference(module, x, hw, tol=1e-10):
     return grads
 
 
+def assert_fast_matches_naive(module, x, hw):
+    """:func:`assert_matches_reference` with every parameter in play: a LayerScale, when on,
+    is drawn away from its constant init (so a form that drops or misplaces it differs), and
+    every parameter must receive a gradient."""
+    if hasattr(module.gamma1, 'weight'):
+        with torch.no_grad():
+            module.gamma1.weight.uniform_(-1, 1)
+    grads = assert_matches_reference(module, x, hw)
+    assert all(grad is not None for grad in grads.values())
+
+
+def assert_map_matches_naive(module, x, hw, tol=1e-12):
+    """The production ``attention_map`` equals the map of the operator's ``naive_forward``."""
+    with torch.no_grad():
+        assert_rel_close(module.attention_map(x, hw), module.naive_forward(x, hw)[1], tol, 'map')
+
+
 def autocast_output(module, x, hw, dtype):
     """Without grad: ``module(x, hw)`` under CPU autocast to ``dtype``, and the same module's
     exact output in float64 (the module is left in float64)."""
@@ -134,6 +151,8 @@ tokens_fixture = _as_fixture(tokens)
 output_and_grads_fixture = _as_fixture(output_and_grads)
 assert_matches_reference_fixture = _as_fixture(assert_matches_reference)
 autocast_output_fixture = _as_fixture(autocast_output)
+assert_fast_matches_naive_fixture = _as_fixture(assert_fast_matches_naive)
+assert_map_matches_naive_fixture = _as_fixture(assert_map_matches_naive)
 recorded_ops_fixture = _as_fixture(recorded_ops)
 largest_intermediate_fixture = _as_fixture(largest_intermediate)
 fast_helpers_broken_fixture = _as_fixture(fast_helpers_broken)

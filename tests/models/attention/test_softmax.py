@@ -27,25 +27,19 @@ GRIDS = {'7x9': (7, 9), '5x3': (5, 3)}
 @pytest.mark.parametrize('config', CONFIGS.values(), ids=CONFIGS)
 @pytest.mark.parametrize('fused', [True, False], ids=['fused', 'eager'])
 def test_fast_form_matches_naive_reference(fused, config, num_extra, hw, make_attention, tokens,
-                                           assert_matches_reference):
+                                           assert_fast_matches_naive):
     """Output and the gradients of the input and of every parameter, in float64."""
     module = make_attention('softmax', fused=fused, **config)
-    if 'layer_scale_init_value' in config:
-        with torch.no_grad():
-            module.gamma1.weight.uniform_(-1, 1)
-    grads = assert_matches_reference(module, tokens(hw, num_extra, dims=module.embed_dims), hw)
-    assert all(grad is not None for grad in grads.values())
+    assert_fast_matches_naive(module, tokens(hw, num_extra, dims=module.embed_dims), hw)
 
 
 @pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
 @pytest.mark.parametrize('config', ['plain', 'rope_eva', 'rope_dinov3', 'four_heads'])
-def test_attention_map_matches_naive_map(config, num_extra, make_attention, tokens):
+def test_attention_map_matches_naive_map(config, num_extra, make_attention, tokens,
+                                        assert_map_matches_naive):
     module = make_attention('softmax', **CONFIGS[config])
     hw = (7, 9)
-    x = tokens(hw, num_extra, dims=module.embed_dims)
-    with torch.no_grad():
-        assert_rel_close(module.attention_map(x, hw), module.naive_forward(x, hw)[1], 1e-12,
-                         'map')
+    assert_map_matches_naive(module, tokens(hw, num_extra, dims=module.embed_dims), hw)
 
 
 @pytest.mark.parametrize('rotated', [False, True], ids=['no_rope', 'rotated'])
