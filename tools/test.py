@@ -63,6 +63,10 @@ def parse_args(argv=None):
     parser.add_argument('--interval', type=int, default=1, help='visualise every N-th sample')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds per shown image')
     parser.add_argument('--tta', action='store_true', help='test-time augmentation')
+    parser.add_argument('--no-strict-load', action='store_true',
+                        help='load a checkpoint that does not fit the model (other operators, '
+                        'missing, extra or resized tensors) as far as it fits, with a warning, '
+                        'instead of refusing it (the config key strict_load = False)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, key=value (xxx=[a,b] for lists)')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
@@ -104,6 +108,8 @@ def merge_args(cfg, args):
     elif cfg.get('work_dir') is None:
         cfg.work_dir = default_work_dir(args.config)
     cfg.load_from = args.checkpoint
+    if args.no_strict_load:
+        cfg.strict_load = False
 
     if args.show or args.show_dir:
         enable_visualization(cfg, args)
@@ -189,6 +195,8 @@ def main(argv=None):
         runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
         for note in notes:
             runner.logger.info(note)
+        # Before the weights are initialised: a checkpoint that does not fit is refused first.
+        linvit_mm.engine.strict_load.check_runner_checkpoint(runner)
         if out_kind in ('predictions', 'det_predictions'):
             runner.test_evaluator.metrics.append(prediction_dumper(out_kind, args.out))
         metrics = runner.test()

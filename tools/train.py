@@ -39,6 +39,10 @@ def parse_args(argv=None):
                         help='disable pin_memory in every dataloader')
     parser.add_argument('--no-persistent-workers', action='store_true',
                         help='disable persistent_workers in every dataloader')
+    parser.add_argument('--no-strict-load', action='store_true',
+                        help='load a checkpoint that does not fit the model (other operators, '
+                        'missing, extra or resized tensors) as far as it fits, with a warning, '
+                        'instead of refusing it (the config key strict_load = False)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, key=value (xxx=[a,b] for lists)')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
@@ -70,6 +74,9 @@ def merge_args(cfg, args):
         cfg.resume = True
         cfg.load_from = args.resume
 
+    if args.no_strict_load:
+        cfg.strict_load = False
+
     if args.no_validate:
         cfg.val_cfg = None
         cfg.val_dataloader = None
@@ -100,6 +107,8 @@ def main(argv=None):
         runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
         for note in notes:
             runner.logger.info(note)
+        # Before the weights are initialised: a checkpoint that does not fit is refused first.
+        linvit_mm.engine.strict_load.check_runner_checkpoint(runner)
         runner.train()
     finally:
         finalize_distributed()

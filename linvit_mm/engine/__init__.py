@@ -10,7 +10,9 @@ from .hooks import AttentionDistillHook, FiniteLossHook
 from .optim_wrapper import CPUAmpOptimWrapper
 from .optimizers import BackboneLayerDecayOptimWrapperConstructor
 from .sharded_optim_wrapper import ShardedOptimWrapper
+from .strict_load import ModelRecordHook
 
 __all__ = ['AtomicLocalBackend', 'AttentionDistillHook',
            'BackboneLayerDecayOptimWrapperConstructor', 'CPUAmpOptimWrapper', 'FiniteLossHook',
-           'ParamGroupFSDPStrategy', 'ShardedOptimWrapper', 'linvit_block_wrap_policy']
+           'ModelRecordHook', 'ParamGroupFSDPStrategy', 'ShardedOptimWrapper',
+           'linvit_block_wrap_policy']

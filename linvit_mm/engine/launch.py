@@ -4,8 +4,9 @@ The tools keep the upstream CLI; this module holds the pieces they share:
 distributed runs on machines without CUDA (gloo), ``--amp`` on CPU (bf16
 autocast) and, for training, the safeguards every run gets (a non-finite loss
 stops it before a checkpoint is written; checkpoints are written atomically).
-Checkpoint loading needs nothing here: importing ``linvit_mm`` installs the safe
-loader of ``linvit_mm.utils.checkpoint``.
+Reading checkpoints safely needs nothing here (importing ``linvit_mm`` installs the safe
+loader of ``linvit_mm.utils.checkpoint``); whether a checkpoint fits the model is
+checked by ``linvit_mm.engine.strict_load``, which the tools call once the Runner is built.
 """
 import os
 import os.path as osp
@@ -18,6 +19,10 @@ import torch.distributed as dist
 FINITE_LOSS_HOOK_KEY = 'check_loss'
 FINITE_LOSS_HOOK = dict(type='FiniteLossHook')
 ATOMIC_CHECKPOINTS = dict(backend='atomic_local')
+# The record of the model's LinearViTs in every checkpoint, which strict loading compares.
+RECORD_HOOK_KEY = 'record_model'
+RECORD_HOOK = dict(type='ModelRecordHook')
+RECORD_HOOK_TYPES = ('ModelRecordHook', 'StagedRecordHook')
 
 def _replace_sync_bn(node):
     """SyncBN needs CUDA (under gloo it raises); on CPU the same config runs with BN."""
@@ -120,6 +125,11 @@ def add_training_safeguards(cfg):
       sets no file backend of its own and saves to a local directory: a checkpoint is
       written to a temporary file and renamed, so a killed save never leaves a partial
       ``*.pth``.
+    - ``default_hooks.record_model = dict(type='ModelRecordHook')`` unless a
+      ``ModelRecordHook`` or ``StagedRecordHook`` is there: every checkpoint of a model with a
+      LinearViT records its operators, sizes and stage (``meta['linvit_mm']``), which a later
+      ``--resume``, ``load_from`` or ``tools/test.py`` compares with its config before loading
+      (``linvit_mm.engine.strict_load``). ``default_hooks.record_model = None`` switches it off.
 
     A config keeps anything it sets itself. ``tools/train.py`` calls this for every
     config, the project's and users' alike; base configs cannot always carry them,
@@ -138,6 +148,13 @@ def add_training_safeguards(cfg):
         default_hooks[FINITE_LOSS_HOOK_KEY] = dict(FINITE_LOSS_HOOK)
         notes.append(f'added default_hooks.{FINITE_LOSS_HOOK_KEY}={FINITE_LOSS_HOOK}: a NaN or '
                      f'infinite loss stops the run before its checkpoint is written')
+    if not (RECORD_HOOK_KEY in default_hooks and default_hooks[RECORD_HOOK_KEY] is None) and \
+            not any(_hook_type_name(h) in RECORD_HOOK_TYPES for h in hooks):
+        # Imported for its registration: a config lists the hook by name.
+        from . import strict_load  # noqa: F401
+        default_hooks[RECORD_HOOK_KEY] = dict(RECORD_HOOK)
+        notes.append(f'added default_hooks.{RECORD_HOOK_KEY}={RECORD_HOOK}: checkpoints record '
+                     f'the operators and sizes of the model\'s LinearViTs')
 
     if 'checkpoint' not in default_hooks:
         default_hooks['checkpoint'] = dict(type='CheckpointHook', interval=1)  # mmengine's

@@ -9,38 +9,53 @@ from linvit_mm.engine.launch import add_training_safeguards
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / 'tests' / 'data' / 'configs' / 'tiny_cls_mini.py'
 ATOMIC = dict(backend='atomic_local')
+RECORD = dict(type='ModelRecordHook')
 
 
 def config(**fields):
     return Config(dict(work_dir='work_dirs/run', **fields))
 
 
-def test_a_config_without_them_gets_both_and_the_log_says_so():
+def test_a_config_without_them_gets_them_and_the_log_says_so():
     cfg = Config.fromfile(str(TINY_CONFIG))
     cfg.work_dir = 'work_dirs/tiny'
     notes = add_training_safeguards(cfg)
     assert cfg.default_hooks.check_loss == dict(type='FiniteLossHook')
+    assert cfg.default_hooks.record_model == RECORD
     checkpoint = cfg.default_hooks.checkpoint
     assert checkpoint.backend_args == ATOMIC and checkpoint.interval == 1  # the rest is kept
     assert cfg.default_hooks.logger.interval == 1
-    assert len(notes) == 2
+    assert len(notes) == 3
     assert 'added default_hooks.check_loss' in notes[0] and 'NaN or infinite loss' in notes[0]
-    assert 'checkpoints written atomically' in notes[1]
+    assert 'added default_hooks.record_model' in notes[1] and 'LinearViTs' in notes[1]
+    assert 'checkpoints written atomically' in notes[2]
+
+
+@pytest.mark.parametrize('hooks', [
+    dict(custom_hooks=[dict(type='StagedRecordHook')]),
+    dict(custom_hooks=[dict(type='linvit_mm.ModelRecordHook')]),
+    dict(default_hooks=dict(record_model=None)),
+], ids=['staged-record-hook', 'own-record-hook', 'switched-off'])
+def test_a_record_hook_is_added_only_where_none_is(hooks):
+    cfg = config(**hooks)
+    add_training_safeguards(cfg)
+    assert cfg.default_hooks.get('record_model') is None
 
 
 def test_what_a_config_sets_itself_is_kept():
     checkpoint = dict(type='CheckpointHook', interval=5, backend_args=dict(backend='local'))
     cfg = config(default_hooks=dict(checkpoint=checkpoint),
                  custom_hooks=[dict(type='linvit_mm.FiniteLossHook')])
-    assert add_training_safeguards(cfg) == []
+    assert [note.split('=')[0] for note in add_training_safeguards(cfg)] == [
+        'added default_hooks.record_model']
     assert 'check_loss' not in cfg.default_hooks
     assert cfg.default_hooks.checkpoint == checkpoint
 
 
 def test_switched_off_deliberately_stays_off():
-    cfg = config(default_hooks=dict(check_loss=None, checkpoint=None))
+    cfg = config(default_hooks=dict(check_loss=None, checkpoint=None, record_model=None))
     notes = add_training_safeguards(cfg)
-    assert cfg.default_hooks == dict(check_loss=None, checkpoint=None)
+    assert cfg.default_hooks == dict(check_loss=None, checkpoint=None, record_model=None)
     assert notes == ['finite-loss check switched off by the config '
                      '(default_hooks.check_loss=None)']
 
@@ -50,7 +65,8 @@ def test_built_hook_objects_are_left_as_they_are():
 
     from linvit_mm.engine import FiniteLossHook
     checkpoint, check = CheckpointHook(interval=2), FiniteLossHook()
-    cfg = config(default_hooks=dict(checkpoint=checkpoint), custom_hooks=[check])
+    cfg = config(default_hooks=dict(checkpoint=checkpoint, record_model=None),
+                 custom_hooks=[check])
     assert add_training_safeguards(cfg) == []
     assert cfg.default_hooks.checkpoint is checkpoint and checkpoint.backend_args is None
 
@@ -60,7 +76,7 @@ def test_no_default_hooks_at_all():
     add_training_safeguards(cfg)
     # mmengine's own default checkpoint hook, with the atomic backend
     assert cfg.default_hooks == dict(
-        check_loss=dict(type='FiniteLossHook'),
+        check_loss=dict(type='FiniteLossHook'), record_model=RECORD,
         checkpoint=dict(type='CheckpointHook', interval=1, backend_args=ATOMIC))
 
 
@@ -89,13 +105,17 @@ def test_project_configs_train_with_both(path):
     add_training_safeguards(cfg)
     assert cfg.default_hooks.check_loss == dict(type='FiniteLossHook')
     assert cfg.default_hooks.checkpoint.backend_args == ATOMIC
+    hooks = [*cfg.default_hooks.values(), *(cfg.get('custom_hooks') or [])]
+    assert any(hook and hook['type'] in ('ModelRecordHook', 'StagedRecordHook')
+               for hook in hooks)
 
 
 def test_the_demo_runtime_has_both_itself():
     cfg = Config.fromfile(str(REPO / 'configs' / 'demo' / '_base_' / 'schedule_runtime_mini.py'))
     assert cfg.default_hooks.check_loss == dict(type='FiniteLossHook')
     assert cfg.default_hooks.checkpoint.backend_args == ATOMIC
-    assert add_training_safeguards(cfg) == []
+    assert [note.split('=')[0] for note in add_training_safeguards(cfg)] == [
+        'added default_hooks.record_model']
 
 
 # ---------------------------------------------------------------------------- CPU strategies

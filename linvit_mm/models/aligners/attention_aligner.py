@@ -60,6 +60,8 @@ class AttentionAligner(BaseAligner):
         patch_tokens_only, data_preprocessor, init_cfg: see :class:`BaseAligner`.
     """
 
+    STAGE = 'align-attn'
+
     def __init__(self, backbone, teacher, layers=None, loss_weight=1.0, with_cp=True,
                  patch_tokens_only=None, data_preprocessor=None, init_cfg=None):
         if isinstance(backbone, dict) and backbone.get('init_cfg') is not None:
@@ -121,7 +123,7 @@ class AttentionAligner(BaseAligner):
                                  num_heads=self.teacher.num_heads, logger='current')
 
     def staged_record(self):
-        return dict(stage='align-attn', trained_layers=list(self.layer_ids))
+        return dict(stage=self.STAGE, trained_layers=list(self.layer_ids))
 
     # ------------------------------------------------------------------ forward
     def _student_attention(self, index, x, hw_shape):

@@ -46,6 +46,7 @@ class FeatureAligner(BaseAligner):
     """
 
     FEATURES = ('final', 'out_indices')
+    STAGE = 'align-feat'
 
     def __init__(self, backbone, teacher, features='final', mse_weight=1.0, cos_weight=0.0,
                  patch_tokens_only=None, data_preprocessor=None, init_cfg=None):
@@ -114,7 +115,7 @@ class FeatureAligner(BaseAligner):
         return cfg
 
     def staged_record(self):
-        return dict(stage='align-feat', features=self.features)
+        return dict(stage=self.STAGE, features=self.features)
 
     # ------------------------------------------------------------------ forward
     def level_pairs(self, images):
