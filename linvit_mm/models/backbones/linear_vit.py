@@ -19,6 +19,8 @@ from torch import nn
 from ..attention import attention_class, build_attention
 from ..utils.rope import build_rope
 from .hybrid import class_token_of, describe_attn_types, resolve_attn_types
+from .windows import normalise_window_size, windowed_attention
+from ...utils.blocks import block_index_list
 from ...utils.tracing import eager_cache, is_tracing
 
 
@@ -65,17 +67,20 @@ class LinearViTLayer(BaseModule):
     ``BaseAttention``) and ``ffn.gamma2``, as in mmpretrain. ``ffn_type='swiglu'`` is
     mmpretrain's ``SwiGLUFFN`` (``ffn.w12`` = [gate; value] rows, ``ffn.norm``, ``ffn.w3``):
     ``w3(norm(silu(gate) * value))``, EVA-02's MLP, whose sub-LN ``ffn.norm`` is
-    ``ffn_norm``; it has one dropout, on its output.
+    ``ffn_norm``; it has one dropout, on its output. ``window_size`` > 0 (an int or
+    ``(rows, cols)``) runs the operator on windows of the patch grid
+    (:mod:`linvit_mm.models.backbones.windows`); 0 is global attention.
     """
 
     def __init__(self, embed_dims, num_heads, feedforward_channels, attn_type='softmax',
                  attn_cfg=None, drop_rate=0., attn_drop_rate=0., drop_path_rate=0.,
                  qkv_bias=True, act_cfg=dict(type='GELU'), norm_cfg=dict(type='LN', eps=1e-6),
                  layer_scale_init_value=0., ffn_type='mlp', ffn_norm=False, rope=None,
-                 with_cp=False, init_cfg=None):
+                 window_size=0, with_cp=False, init_cfg=None):
         super().__init__(init_cfg=init_cfg)
         self.embed_dims = embed_dims
         self.with_cp = with_cp
+        self.window_size = normalise_window_size(window_size)
         self.ln1 = build_norm_layer(norm_cfg, embed_dims)
         self.attn = build_attention(attn_type, embed_dims=embed_dims, num_heads=num_heads,
                                     qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
@@ -97,7 +102,11 @@ class LinearViTLayer(BaseModule):
 
     def _forward(self, x, hw_shape):
         x = self.attn.encode_position(x, hw_shape)
-        x = x + self.drop_path(self.attn(self.ln1(x), hw_shape))
+        if self.window_size is None:
+            attended = self.attn(self.ln1(x), hw_shape)
+        else:
+            attended = windowed_attention(self.attn, self.ln1(x), hw_shape, self.window_size)
+        x = x + self.drop_path(attended)
         x = x + self.drop_path(self.ffn(self.ln2(x)))
         return x
 
@@ -247,6 +256,13 @@ class LinearViT(BaseBackbone):
         with_cp (bool): gradient checkpointing of every block.
         patch_cfg (dict): overrides of mmcv's ``PatchEmbed`` arguments.
         layer_cfgs (dict | list[dict]): overrides of each block's arguments.
+        window_size (int | tuple[int, int]): > 0: windowed attention (ViTDet style, border
+            windows cut to the grid, extra tokens in every window, RoPE at global positions;
+            :mod:`linvit_mm.models.backbones.windows`) in the blocks of
+            ``window_block_indexes``; 0: global attention everywhere.
+        window_block_indexes (Sequence[int], optional): the windowed blocks (negative
+            indices from the end); every block when unset. ViT-Adapter's plain ViT-B
+            detectors: ``window_size=14`` in all blocks but 2, 5, 8, 11.
         init_cfg (dict | list[dict], optional): applied by ``init_weights`` on top
             of the DeiT/timm default initialisation done at construction, so
             checkpoint-based initialisers (``Pretrained``, ``SoftmaxTransfer``) are
@@ -343,6 +359,8 @@ class LinearViT(BaseBackbone):
                  ffn_norm=None,
                  pre_norm=None,
                  pooled_norm=None,
+                 window_size=0,
+                 window_block_indexes=None,
                  init_cfg=None):
         super().__init__(init_cfg)
         self.arch_settings = self.resolve_arch(arch)
@@ -420,6 +438,7 @@ class LinearViT(BaseBackbone):
         self.rope = build_rope(switches['rope'], self.embed_dims // self.num_heads)
 
         self.out_indices = self._normalise_out_indices(out_indices)
+        windowed = self._windowed_blocks(window_size, window_block_indexes)
         dpr = np.linspace(0, drop_path_rate, self.num_layers)
         self.layers = ModuleList()
         for i in range(self.num_layers):
@@ -439,6 +458,7 @@ class LinearViT(BaseBackbone):
                 ffn_type=self.ffn_type,
                 ffn_norm=switches['ffn_norm'],
                 rope=self.rope,
+                window_size=window_size if i in windowed else 0,
                 with_cp=with_cp)
             layer_cfg.update(layer_cfgs[i])
             self.layers.append(LinearViTLayer(**layer_cfg))
@@ -521,6 +541,23 @@ class LinearViT(BaseBackbone):
         if switches['no_embed_class'] and switches['pos_embed_type'] not in (None, 'learned'):
             raise ValueError(f"no_embed_class concerns a learned position embedding; "
                              f"pos_embed_type is {switches['pos_embed_type']!r}")
+
+    def _windowed_blocks(self, window_size, window_block_indexes):
+        """The blocks that run windowed attention (``window_block_indexes``, negative ones
+        from the end; every block when unset), refused before any block is built."""
+        if normalise_window_size(window_size) is None:
+            if window_block_indexes is not None:
+                raise ValueError(f'window_block_indexes={window_block_indexes!r} needs a '
+                                 f'window_size > 0')
+            return set()
+        if window_block_indexes is None:
+            return set(range(self.num_layers))
+        indices = block_index_list(window_block_indexes, 'window')
+        outside = [i for i in indices if not -self.num_layers <= i < self.num_layers]
+        if outside:
+            raise ValueError(f'window_block_indexes {outside} are outside the '
+                             f'{self.num_layers} blocks')
+        return {i % self.num_layers for i in indices}
 
     def _normalise_out_indices(self, out_indices):
         if isinstance(out_indices, int):
