@@ -2,16 +2,17 @@
 Expressive Linear Attentions with Softmax Mimicry"): linear attention with a learned feature
 map.
 
-Each head has one learned ``d x d`` matrix ``W``, shared by its queries and keys and the
-identity at initialisation, and ``2d`` features
+Each head has a learned ``d x d`` matrix ``W`` and ``2d`` features
 
     phi(x) = [exp(x W), exp(-x W)]                  feature_map='exp' (Hedgehog)
     phi(x) = [softmax(x W), softmax(-x W)]          feature_map='softmax' (LoLCATs)
 
 (LoLCATs: Zhang et al. 2024, arXiv 2410.10254; each softmax runs over the ``d`` features of
-its half). The output is the normalised linear form
+its half). By default (``tie_qk=True``) one ``W`` serves the queries and the keys of a head;
+``tie_qk=False`` gives the keys their own ``W_k`` (``feature_proj_k``), as LoLCATs' released
+configs do (``tie_qk_kernels: false``). The output is the normalised linear form
 
-    out_i = phi(q_i)^T S / phi(q_i)^T z,   S = sum_j phi(k_j) v_j^T,   z = sum_j phi(k_j),
+    out_i = phi_q(q_i)^T S / phi_q(q_i)^T z,   S = sum_j phi_k(k_j) v_j^T,   z = sum_j phi_k(k_j),
 
 in O(N d^2); the map ``A_ij = phi(q_i)^T phi(k_j) / sum_l phi(q_i)^T phi(k_l)`` gives
 ``out = A V`` and is what Hedgehog's attention-weight distillation trains ``W`` on: its maps
@@ -26,6 +27,7 @@ from .base import WHOLE, float32_state, register_attention
 from .map_attention import LinearMapAttention
 
 FEATURE_MAPS = ('softmax', 'exp')
+FEATURE_INITS = ('identity', 'kaiming_uniform')
 
 
 def naive_hedgehog_features(t, weight, feature_map):
@@ -46,11 +48,11 @@ def naive_hedgehog_features(t, weight, feature_map):
     return torch.cat(features, dim=-1)
 
 
-def naive_hedgehog_attention(qkv, feature_proj, feature_map):
+def naive_hedgehog_attention(qkv, feature_proj, feature_map, key_feature_proj=None):
     """Hedgehog attention written out from its definition (the O(N^2) oracle of the tests),
     head by head:
 
-        A_ij = phi(q_i)^T phi(k_j) / sum_l phi(q_i)^T phi(k_l),   out_i = sum_j A_ij v_j,
+        A_ij = phi_q(q_i)^T phi_k(k_j) / sum_l phi_q(q_i)^T phi_k(k_l),   out_i = sum_j A_ij v_j,
 
     with :func:`naive_hedgehog_features` and the whole N x N map formed. It shares no code
     with :class:`HedgehogAttention`'s fast form or its map: head ``h`` of ``q``, ``k``,
@@ -61,8 +63,11 @@ def naive_hedgehog_attention(qkv, feature_proj, feature_map):
 
     Args:
         qkv (Tensor): ``(B, N, 3C)`` output of the ``qkv`` projection.
-        feature_proj (Tensor): ``(heads, d, d)``, the ``W`` of every head.
+        feature_proj (Tensor): ``(heads, d, d)``, the ``W`` of every head (of its queries
+            and, without ``key_feature_proj``, of its keys).
         feature_map (str): ``'softmax'`` or ``'exp'``.
+        key_feature_proj (Tensor, optional): ``(heads, d, d)``, the keys' own ``W_k``
+            (untied maps); None: the keys use ``feature_proj``.
 
     Returns:
         tuple[Tensor, Tensor]: the output heads merged, ``(B, N, C)`` (before ``proj``), and
@@ -75,9 +80,9 @@ def naive_hedgehog_attention(qkv, feature_proj, feature_map):
     with torch.autocast(device_type=qkv.device.type, enabled=False):
         for h in range(num_heads):
             q, k, v = (qkv[..., p * C + h * d:p * C + (h + 1) * d].to(dtype) for p in range(3))
-            weight = feature_proj[h].to(dtype)
-            phi_q = naive_hedgehog_features(q, weight, feature_map)
-            phi_k = naive_hedgehog_features(k, weight, feature_map)
+            key_weight = feature_proj if key_feature_proj is None else key_feature_proj
+            phi_q = naive_hedgehog_features(q, feature_proj[h].to(dtype), feature_map)
+            phi_k = naive_hedgehog_features(k, key_weight[h].to(dtype), feature_map)
             scores = torch.einsum('bim,bjm->bij', phi_q, phi_k)
             attn = scores / scores.sum(dim=-1, keepdim=True)
             outs.append(torch.einsum('bij,bjc->bic', attn, v))
@@ -90,16 +95,28 @@ class HedgehogAttention(LinearMapAttention):
     """Hedgehog linear attention with a per-head learned feature map ``phi``.
 
     ``qkv`` and ``proj`` have a Softmax block's shapes, so a Softmax checkpoint copies into
-    them as is; ``feature_proj`` (``heads x d x d``, the ``W`` of every head) is
-    operator-specific and keeps its identity initialisation through a transfer. Queries and
+    them as is; ``feature_proj`` (``heads x d x d``, the ``W`` of every head; of its queries
+    when the maps are untied) and ``feature_proj_k`` (the keys' ``W_k``, untied maps only)
+    are operator-specific and keep their own initialisation through a transfer. Queries and
     keys are not scaled by ``d^-1/2``: a scaled identity ``W`` is a temperature, which
     training learns, and neither feature map is homogeneous, so a fixed scale would be an
-    arbitrary choice of starting point. Leave ``feature_proj`` out of weight decay
-    (``paramwise_cfg=dict(custom_keys={'.feature_proj': dict(decay_mult=0.)})``): decay
-    pulls ``W`` towards zero, a flat map, not towards its identity start.
+    arbitrary choice of starting point. Leave both out of weight decay
+    (``paramwise_cfg=dict(custom_keys={'.feature_proj': dict(decay_mult=0.)})`` matches
+    both names): decay pulls ``W`` towards zero, a flat map, not towards its start.
+
+    **Initialisation.** ``feature_init='identity'`` (default) starts every ``W`` at ``I``:
+    after a Softmax transfer the map is then a fixed function of the copied queries and keys
+    (see ``feature_map`` below), a meaningful start for the transferred model before any
+    distillation, which is what this operator's transfer relies on. Neither paper starts
+    there in its released code: LoLCATs' configs (``zero_init: false``) draw ``W`` with
+    ``torch.nn.init.kaiming_uniform_`` on the whole ``heads x d x d`` tensor (``fan_in =
+    d * d``, so uniform on ``+-sqrt(6) / d``), which is ``feature_init='kaiming_uniform'``;
+    their ``zero_init: true`` is the identity. Untied, the keys' map starts as a copy of the
+    queries' (LoLCATs deep-copies the query map), and the two are trained apart.
 
     **How it is computed.** Write ``L(x)`` for the log-features (``[xW, -xW]``, or the
-    log-softmax of each half), so ``phi = exp(L)`` and, with
+    log-softmax of each half; of keys with ``W_k`` when the maps are untied, which changes
+    nothing below), so ``phi = exp(L)`` and, with
     ``K_m = log sum_j exp(L(k_j)_m)`` (per image, head and feature),
 
         A_ij = sum_m softmax_m(L(q_i) + K)_m * softmax_j(L(k_j)_m):
@@ -140,8 +157,19 @@ class HedgehogAttention(LinearMapAttention):
             the query (random heads of 197 tokens with entries of standard deviation 3: a
             third of the queries give their largest weight to the same key; one in twenty
             with ``'softmax'``, one in thirty with Softmax attention itself). LoLCATs
-            transfers Softmax models with the softmax form; ``'exp'`` is Hedgehog's
-            original map, kept for comparison.
+            transfers Softmax models with the softmax form (its ``softmax_dim``, which also
+            clamps every feature at ``1e-12``, a difference only for features below that).
+            ``'exp'`` is Hedgehog's formula, the plain exponentials, kept for comparison;
+            it is not LoLCATs' ``exp_dim``, which divides each half of each token by its own
+            extreme, ``[exp(xW - max(xW)), exp(-xW + min(xW))]``: it scales a key's
+            features by factors of that key and a query's two halves by two different
+            factors, and neither cancels in the normalised map (only a factor common to
+            all features of one query does), so that form computes another attention.
+        tie_qk (bool): one ``W`` per head for queries and keys (True, default), or separate
+            maps ``W`` (queries, ``feature_proj``) and ``W_k`` (keys, ``feature_proj_k``),
+            LoLCATs' ``tie_qk_kernels: false``.
+        feature_init (str): ``'identity'`` (default) or ``'kaiming_uniform'`` (LoLCATs'
+            ``zero_init: false``); see above.
         rope: must be None (``rope_absent_because``).
         layer_scale_init_value (float): LayerScale after ``proj``, as in ``BaseAttention``.
     """
@@ -155,7 +183,7 @@ class HedgehogAttention(LinearMapAttention):
     # into W_q^T W_k is what the learned feature map reproduces.
     has_qk_form = True
     qk_form_absent_because = None
-    # qkv and proj are a Softmax block's layers; feature_proj keeps its identity init.
+    # qkv and proj are a Softmax block's layers; feature_proj(_k) keep their own init.
     softmax_fill = {'qkv': WHOLE, 'proj': WHOLE}
     # Of the MAC bound: 2d features cost pointwise passes over N x 2d per head (the key
     # shift and exponential, the query softmax, the log-softmax of the 'softmax' map) that
@@ -169,25 +197,44 @@ class HedgehogAttention(LinearMapAttention):
                            'feature pairs')
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 rope=None, layer_scale_init_value=0., feature_map='softmax'):
+                 rope=None, layer_scale_init_value=0., feature_map='softmax', tie_qk=True,
+                 feature_init='identity'):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                          proj_drop=proj_drop, rope=rope,
                          layer_scale_init_value=layer_scale_init_value)
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f'unknown feature_map {feature_map!r}; valid feature maps are: '
                              f'{", ".join(FEATURE_MAPS)}')
+        if feature_init not in FEATURE_INITS:
+            raise ValueError(f'unknown feature_init {feature_init!r}; valid initialisations '
+                             f'are: {", ".join(FEATURE_INITS)}')
         self.feature_map = feature_map
-        self.feature_proj = nn.Parameter(torch.empty(num_heads, self.head_dims, self.head_dims))
+        self.tie_qk = bool(tie_qk)
+        self.feature_init = feature_init
+        shape = (num_heads, self.head_dims, self.head_dims)
+        self.feature_proj = nn.Parameter(torch.empty(shape))
+        self.feature_proj_k = None if self.tie_qk else nn.Parameter(torch.empty(shape))
         self.reset_feature_proj()
 
     def reset_feature_proj(self):
-        """``W = I`` for every head (Hedgehog's and LoLCATs' initialisation)."""
+        """Every head's ``W`` (and ``W_k``, a copy of ``W``) as ``feature_init`` says:
+        the identity, or ``kaiming_uniform_`` on the whole ``heads x d x d`` tensor."""
         with torch.no_grad():
-            self.feature_proj.copy_(torch.eye(self.head_dims).expand_as(self.feature_proj))
+            if self.feature_init == 'identity':
+                self.feature_proj.copy_(torch.eye(self.head_dims).expand_as(self.feature_proj))
+            else:
+                nn.init.kaiming_uniform_(self.feature_proj)
+            if self.feature_proj_k is not None:
+                self.feature_proj_k.copy_(self.feature_proj)
 
-    def signed_proj(self, dtype):
-        """``[W, -W]``, ``(heads, d, 2d)``: one product gives both halves of ``L(x)``."""
-        weight, = float32_state(self.feature_proj)
+    def key_feature_proj(self):
+        """The keys' ``W``: ``feature_proj_k`` if the maps are untied, else ``feature_proj``."""
+        return self.feature_proj if self.feature_proj_k is None else self.feature_proj_k
+
+    def signed_proj(self, dtype, keys=False):
+        """``[W, -W]``, ``(heads, d, 2d)``: one product gives both halves of ``L(x)``; the
+        keys' ``W`` with ``keys``."""
+        weight, = float32_state(self.key_feature_proj() if keys else self.feature_proj)
         weight = weight.to(dtype)
         return torch.cat([weight, -weight], dim=-1)
 
@@ -222,9 +269,8 @@ class HedgehogAttention(LinearMapAttention):
         in_place = not torch.is_grad_enabled()
         with torch.autocast(device_type=v.device.type, enabled=False):
             q, k, v = float32_state(q, k, v)
-            signed_proj = self.signed_proj(q.dtype)
-            phi_k, key_max = self._key_features(self.log_features(k, signed_proj, in_place),
-                                                in_place)
+            phi_k, key_max = self._key_features(
+                self.log_features(k, self.signed_proj(q.dtype, keys=True), in_place), in_place)
             # A ones column on the values carries the key sums z through the same product.
             # The state is formed transposed, V^T phi(K), so that the gradient reaching
             # phi(K) is contiguous: the transposed one made every pointwise backward slow.
@@ -233,7 +279,7 @@ class HedgehogAttention(LinearMapAttention):
             key_sum = state[..., -1:, :]                                      # z >= 1
             kv_state = (state[..., :-1, :] / key_sum).transpose(-2, -1)   # softmax_j(L(K))^T V
             log_key_mass = key_max + key_sum.log()                            # K, (B, h, 1, 2d)
-            logits = self.log_features(q, signed_proj, in_place)
+            logits = self.log_features(q, self.signed_proj(q.dtype), in_place)
             if self._writable(in_place):
                 logits = logits.add_(log_key_mass)
             else:
@@ -249,9 +295,9 @@ class HedgehogAttention(LinearMapAttention):
         """Row-normalised ``phi'(q) phi'(k)^T`` in float32 (class docstring)."""
         with torch.autocast(device_type=q.device.type, enabled=False):
             q, k = float32_state(q, k)
-            signed_proj = self.signed_proj(q.dtype)
-            phi_k, key_max = self._key_features(self.log_features(k, signed_proj))
-            log_q = self.log_features(q, signed_proj) + key_max
+            phi_k, key_max = self._key_features(
+                self.log_features(k, self.signed_proj(q.dtype, keys=True)))
+            log_q = self.log_features(q, self.signed_proj(q.dtype)) + key_max
             with torch.no_grad():
                 row_max = log_q.amax(dim=-1, keepdim=True)
             scores = (log_q - row_max).exp() @ phi_k.transpose(-2, -1)
@@ -262,7 +308,8 @@ class HedgehogAttention(LinearMapAttention):
         ``proj``, in the projections' dtype) and the map (float32 at least)."""
         self.num_extra_tokens(x, hw_shape)  # validates the grid
         qkv = self.qkv(x)
-        out, attn = naive_hedgehog_attention(qkv, self.feature_proj, self.feature_map)
+        out, attn = naive_hedgehog_attention(qkv, self.feature_proj, self.feature_map,
+                                             self.feature_proj_k)
         return out.to(qkv.dtype), attn
 
     def forward_reference(self, x, hw_shape):
@@ -277,4 +324,5 @@ class HedgehogAttention(LinearMapAttention):
         return 2 * num_tokens * C * d + 4 * num_tokens * C * d + 2 * num_tokens * C
 
     def extra_repr(self):
-        return f'{super().extra_repr()}, feature_map={self.feature_map!r}'
+        return (f'{super().extra_repr()}, feature_map={self.feature_map!r}, '
+                f'tie_qk={self.tie_qk}, feature_init={self.feature_init!r}')

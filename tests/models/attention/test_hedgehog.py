@@ -1,7 +1,8 @@
 """Hedgehog attention: the fast form and the map against the naive O(N^2) oracle (which
-shares no helper with them) and against the plain formula written here, the stabiliser
-under inputs that overflow the plain exp, float32 states under autocast, the traits the
-transfer and the distillation hook read."""
+shares no helper with them) and against the plain formula written here, tied and untied
+query / key maps, both initialisations, the forward against a transcription of LoLCATs'
+feature map and attention, the stabiliser under inputs that overflow the plain exp, float32
+states under autocast, the traits the transfer and the distillation hook read."""
 from types import SimpleNamespace
 
 import pytest
@@ -22,19 +23,23 @@ FEATURE_MAPS = ['softmax', 'exp']
 GRIDS = [(6, 6), (4, 7), (5, 3)]
 ODD_GRIDS = [(7, 9), (5, 3)]
 EXTRA = dict(argnames='num_extra', argvalues=[0, 1], ids=['no_cls', 'cls'])
+TIE = dict(argnames='tie_qk', argvalues=[True, False], ids=['tied', 'untied'])
 TINY_ARCH = dict(embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=64)
 
 
 @pytest.fixture
 def make_hedgehog(make_attention):
-    """``make_attention('hedgehog', ...)`` with every head's W moved off the identity by
-    ``perturb`` (gradients at W = I would test a special point)."""
+    """``make_attention('hedgehog', ...)`` with every head's W (and untied, W_k, by its own
+    noise) moved off the identity by ``perturb`` (gradients at W = I would test a special
+    point, and W_k = W would not tell the two maps apart)."""
 
     def make(feature_map, dtype=torch.float64, perturb=.3, **kwargs):
         module = make_attention('hedgehog', dtype=dtype, feature_map=feature_map, **kwargs)
         with torch.no_grad():
-            noise = torch.randn_like(module.feature_proj)
-            module.feature_proj.add_(perturb * noise / module.head_dims**.5)
+            for weight in (module.feature_proj, module.feature_proj_k):
+                if weight is not None:
+                    noise = torch.randn_like(weight)
+                    weight.add_(perturb * noise / module.head_dims**.5)
         return module
 
     return make
@@ -66,16 +71,23 @@ def heads(module, x):
     return qkv.permute(2, 0, 3, 1, 4)
 
 
-def plain_log_features(module, t):
-    projected = torch.einsum('bhnd,hde->bhne', t, module.feature_proj)
+def own_weight(module, keys):
+    """The W a query (``keys=False``) or key is mapped with, read off the parameters here."""
+    if keys and not module.tie_qk:
+        return module.feature_proj_k
+    return module.feature_proj
+
+
+def plain_log_features(module, t, keys=False):
+    projected = torch.einsum('bhnd,hde->bhne', t, own_weight(module, keys))
     if module.feature_map == 'exp':
         return torch.cat([projected, -projected], dim=-1)
     return torch.cat([projected.log_softmax(-1), (-projected).log_softmax(-1)], dim=-1)
 
 
-def plain_phi(module, t):
+def plain_phi(module, t, keys=False):
     """The textbook feature map, no shift of any kind."""
-    projected = torch.einsum('bhnd,hde->bhne', t, module.feature_proj)
+    projected = torch.einsum('bhnd,hde->bhne', t, own_weight(module, keys))
     if module.feature_map == 'exp':
         return torch.cat([projected.exp(), (-projected).exp()], dim=-1)
     return torch.cat([projected.softmax(-1), (-projected).softmax(-1)], dim=-1)
@@ -84,7 +96,7 @@ def plain_phi(module, t):
 def plain_attention(module, x):
     """Output and map of ``A_ij = phi(q_i)^T phi(k_j) / sum_l phi(q_i)^T phi(k_l)``."""
     q, k, v = heads(module, x)
-    scores = plain_phi(module, q) @ plain_phi(module, k).transpose(-2, -1)
+    scores = plain_phi(module, q) @ plain_phi(module, k, keys=True).transpose(-2, -1)
     attn = scores / scores.sum(dim=-1, keepdim=True)
     B, N, C = x.shape
     return module.proj((attn @ v).transpose(1, 2).reshape(B, N, C)), attn
@@ -93,7 +105,7 @@ def plain_attention(module, x):
 def log_space_map(module, q, k):
     """The map from log-scores ``log sum_m exp(L(q_i)_m + L(k_j)_m)``: exact for any scale
     (O(N^2 d) memory, small inputs only)."""
-    log_q, log_k = plain_log_features(module, q), plain_log_features(module, k)
+    log_q, log_k = plain_log_features(module, q), plain_log_features(module, k, keys=True)
     log_scores = torch.logsumexp(log_q.unsqueeze(-2) + log_k.unsqueeze(-3), dim=-1)
     return log_scores.softmax(dim=-1)
 
@@ -101,51 +113,57 @@ def log_space_map(module, q, k):
 # ------------------------------------------------------------------ against the naive oracle
 @pytest.mark.parametrize('hw', ODD_GRIDS, ids=grid_id)
 @pytest.mark.parametrize(**EXTRA)
+@pytest.mark.parametrize(**TIE)
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_fast_form_matches_reference(feature_map, num_extra, hw, make_hedgehog, tokens,
+def test_fast_form_matches_reference(feature_map, tie_qk, num_extra, hw, make_hedgehog, tokens,
                                      assert_matches_reference):
     """Outputs and the gradients of the input and of every parameter (W's included), in
     float64, against ``forward_reference`` (the naive form)."""
-    module = make_hedgehog(feature_map)
+    module = make_hedgehog(feature_map, tie_qk=tie_qk)
     grads = assert_matches_reference(module, tokens(hw, num_extra, scale=2.), hw)
     assert set(grads) == {'x', 'qkv.weight', 'qkv.bias', 'proj.weight', 'proj.bias',
-                          'feature_proj'}
+                          'feature_proj'} | (set() if tie_qk else {'feature_proj_k'})
     assert all(grad.abs().max() > 0 for grad in grads.values())
 
 
 @pytest.mark.parametrize('hw', ODD_GRIDS, ids=grid_id)
 @pytest.mark.parametrize(**EXTRA)
+@pytest.mark.parametrize(**TIE)
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_map_matches_naive_map(feature_map, num_extra, hw, make_hedgehog, tokens,
+def test_map_matches_naive_map(feature_map, tie_qk, num_extra, hw, make_hedgehog, tokens,
                                output_and_grads):
     """``attention_map`` (the distillation target) against the naive map: values and the
-    gradients that reach the input, ``qkv`` and W."""
-    module = make_hedgehog(feature_map)
+    gradients that reach the input, ``qkv`` and W (W_k too, untied)."""
+    module = make_hedgehog(feature_map, tie_qk=tie_qk)
     x = tokens(hw, num_extra, scale=2.)
     naive = output_and_grads(module, lambda t: module.naive_forward(t, hw)[1], x)
     assert naive[0].shape == (x.shape[0], module.num_heads, x.shape[1], x.shape[1])
     assert_same(output_and_grads(module, lambda t: module.attention_map(t, hw), x), naive,
                 1e-10, 'map vs naive map')
     assert naive[1]['feature_proj'].abs().max() > 0
+    if not tie_qk:
+        assert naive[1]['feature_proj_k'].abs().max() > 0
 
 
 # Everything the fast form and the map are computed with, apart from the projections and
 # the parameters.
 FAST_HELPERS = [(BaseAttention, 'split_heads'), (BaseAttention, 'merge_heads'),
                 (hedgehog, 'float32_state'), (map_attention, 'float32_state')] + [
-    (HedgehogAttention, name) for name in ('forward', 'signed_proj', 'log_features',
+    (HedgehogAttention, name) for name in ('forward', 'signed_proj', 'key_feature_proj',
+                                           'log_features',
                                            '_writable', '_key_features', '_linear', '_map',
                                            '_with_map', '_heads', '_project',
                                            'attention_map')]
 
 
+@pytest.mark.parametrize(**TIE)
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_reference_shares_no_helper_with_the_fast_form(feature_map, make_hedgehog, tokens,
-                                                      monkeypatch):
+def test_reference_shares_no_helper_with_the_fast_form(feature_map, tie_qk, make_hedgehog,
+                                                      tokens, monkeypatch):
     """With every helper of the fast form and the map made to raise, ``forward_reference``
     still runs and gives the fast form's output: a fault in a helper cannot move both."""
     hw = (5, 3)
-    module = make_hedgehog(feature_map)
+    module = make_hedgehog(feature_map, tie_qk=tie_qk)
     x = tokens(hw, 1, scale=2.)
     with torch.no_grad():
         fast = module(x, hw)
@@ -176,17 +194,19 @@ def test_reference_runs_in_float32_under_autocast(make_hedgehog, tokens):
 
 
 @pytest.mark.parametrize(**EXTRA)
+@pytest.mark.parametrize(**TIE)
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_stabiliser_cancels(feature_map, num_extra, make_hedgehog, tokens, output_and_grads):
+def test_stabiliser_cancels(feature_map, tie_qk, num_extra, make_hedgehog, tokens,
+                            output_and_grads):
     """The fast form, the oracle and the map equal the plain formula written here, outputs
     and every gradient (W's included), at inputs whose shifts are far from zero: a shift
     that did not cancel would show."""
     hw = (4, 7)
-    module = make_hedgehog(feature_map)
+    module = make_hedgehog(feature_map, tie_qk=tie_qk)
     x = tokens(hw, num_extra, scale={'exp': 12., 'softmax': 40.}[feature_map])
     with torch.no_grad():
         q, k, _ = heads(module, x)
-        key_shift = plain_log_features(module, k).amax(dim=-2, keepdim=True)
+        key_shift = plain_log_features(module, k, keys=True).amax(dim=-2, keepdim=True)
         query_shift = (plain_log_features(module, q) + key_shift).amax(dim=-1)
     # exp: every query's shift is beyond e^5 (the plain features reach e^20 and more);
     # softmax: some feature is below e^-5 for all keys of its head.
@@ -225,13 +245,20 @@ def test_map_rows_sum_to_one_and_reproduce_output(feature_map, num_extra, hw, ma
 
 
 # ------------------------------------------------------------------ initialisation
+@pytest.mark.parametrize(**TIE)
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_feature_proj_starts_at_the_identity(feature_map, make_attention, tokens):
-    module = make_attention('hedgehog', feature_map=feature_map)
+def test_feature_proj_starts_at_the_identity(feature_map, tie_qk, make_attention, tokens):
+    module = make_attention('hedgehog', feature_map=feature_map, tie_qk=tie_qk)
     h, d = module.num_heads, module.head_dims
     eye = torch.eye(d, dtype=torch.float64)
     assert module.feature_proj.shape == (h, d, d)
     assert all(torch.equal(w, eye) for w in module.feature_proj)
+    if tie_qk:
+        assert module.feature_proj_k is None
+        assert 'feature_proj_k' not in dict(module.named_parameters())
+    else:
+        assert module.feature_proj_k.shape == (h, d, d)
+        assert all(torch.equal(w, eye) for w in module.feature_proj_k)
     # At W = I the map is the fixed one of the feature map, from q and k alone.
     x = tokens((3, 5), 1)
     with torch.no_grad():
@@ -244,8 +271,132 @@ def test_feature_proj_starts_at_the_identity(feature_map, make_attention, tokens
         expected = scores / scores.sum(dim=-1, keepdim=True)
         assert_rel_close(module.attention_map(x, (3, 5)), expected, 1e-12, 'map at W = I')
         module.feature_proj.mul_(3.)
+        if not tie_qk:
+            module.feature_proj_k.mul_(2.)
         module.reset_feature_proj()
     assert all(torch.equal(w, eye) for w in module.feature_proj)
+    if not tie_qk:
+        assert all(torch.equal(w, eye) for w in module.feature_proj_k)
+
+
+@pytest.mark.parametrize(**TIE)
+def test_kaiming_uniform_init_is_lolcats(tie_qk, make_attention):
+    """``feature_init='kaiming_uniform'``: ``kaiming_uniform_`` on the whole ``(heads, d, d)``
+    tensor, as LoLCATs' ``FeatureMapMLP`` draws its layer (bound ``sqrt(6 / (d * d))``:
+    PyTorch's fan-in of a 3-d tensor is ``d`` inputs times ``d`` "receptive field"); untied,
+    the keys' map starts as a copy of the queries' (LoLCATs deep-copies it)."""
+    module = make_attention('hedgehog', embed_dims=64, num_heads=2, seed=3, tie_qk=tie_qk,
+                            feature_init='kaiming_uniform')
+    h, d = module.num_heads, module.head_dims
+    torch.manual_seed(3)
+    module.reset_feature_proj()
+    drawn = module.feature_proj.detach().clone()
+    torch.manual_seed(3)
+    expected = torch.empty(h, d, d, dtype=torch.float64)
+    torch.nn.init.kaiming_uniform_(expected)
+    assert torch.equal(drawn, expected)
+    bound = (6 / (d * d))**.5
+    assert drawn.abs().max() <= bound and drawn.abs().max() > .9 * bound
+    assert_rel_close(drawn.std(), torch.tensor(bound / 3**.5, dtype=drawn.dtype), .05,
+                     'std of U(-b, b)')
+    if not tie_qk:
+        assert torch.equal(module.feature_proj_k, module.feature_proj)
+        assert module.feature_proj_k.data_ptr() != module.feature_proj.data_ptr()
+
+
+def test_untied_key_map_is_its_own(make_hedgehog, tokens):
+    """Untied, flipping W_k moves the output to the plain formula with the keys' map alone
+    flipped (the queries keep W)."""
+    hw = (4, 5)
+    module = make_hedgehog('softmax', tie_qk=False)
+    x = tokens(hw, 1, scale=2.)
+    with torch.no_grad():
+        before = module(x, hw)
+        q, k, v = heads(module, x)
+        module.feature_proj_k.mul_(-1.)
+        after = module(x, hw)
+        # The plain formula with the keys' map alone flipped.
+        scores = plain_phi(module, q) @ plain_phi(module, k, keys=True).transpose(-2, -1)
+        attn = scores / scores.sum(dim=-1, keepdim=True)
+        expected = module.proj((attn @ v).transpose(1, 2).reshape(x.shape))
+    assert rel_error(after, before) > 1e-2
+    assert_rel_close(after, expected, 1e-10, 'output with W_k flipped')
+
+
+# ------------------------------------------------------------------ LoLCATs' own forward
+# Written here from LoLCATs' code (``src/model/feature_map.py``, ``FeatureMapMLP`` and the
+# ``softmax_dim`` / ``exp_dim`` activations; the quadratic attention of
+# ``src/model/linear_attention/linear_attention.py``, without its causal mask): the layer
+# is ``einsum('hdf,bhld->bhlf', W, x)``, the activations clamp at eps = 1e-12, and the map
+# is ``a / (a.sum(-1) + eps)`` of the unscaled feature products.
+LOLCATS_EPS = 1e-12
+
+
+def lolcats_mlp(weight, x):
+    return torch.einsum('hdf,bhld->bhlf', weight, x)
+
+
+def lolcats_softmax_dim(x):
+    return torch.cat([torch.softmax(x, dim=-1), torch.softmax(-x, dim=-1)],
+                     dim=-1).clamp(min=LOLCATS_EPS)
+
+
+def lolcats_exp_dim(x):
+    top = torch.amax(x, dim=-1, keepdim=True)
+    bottom = torch.amin(x, dim=-1, keepdim=True)
+    return torch.cat([torch.exp(x - top), torch.exp(-x + bottom)], dim=-1).clamp(min=LOLCATS_EPS)
+
+
+def lolcats_attention(q, k, v, query_weight, key_weight, activation):
+    """LoLCATs' non-causal attention of ``(B, heads, N, d)`` heads."""
+    phi_q = activation(lolcats_mlp(query_weight, q))
+    phi_k = activation(lolcats_mlp(key_weight, k))
+    a = torch.einsum('bhmd,bhnd->bhmn', phi_q, phi_k)
+    a = a / (a.sum(dim=-1, keepdim=True) + LOLCATS_EPS)
+    return torch.einsum('bhmn,bhnd->bhmd', a, v)
+
+
+@pytest.mark.parametrize(**TIE)
+@pytest.mark.parametrize('init', ['kaiming_uniform', 'identity'])
+def test_softmax_map_equals_lolcats(init, tie_qk, make_hedgehog, tokens):
+    """``feature_map='softmax'`` is LoLCATs' ``softmax_dim`` attention, tied and untied (the
+    released configs: ``untied_head_einsum``, ``tie_qk_kernels: false``, ``zero_init:
+    false``), at LoLCATs' init and off it, to 1e-6 in float64."""
+    hw = (6, 5)
+    module = make_hedgehog('softmax', tie_qk=tie_qk, feature_init=init)
+    x = tokens(hw, 1, scale=2.)
+    with torch.no_grad():
+        q, k, v = heads(module, x)
+        key_weight = module.feature_proj if tie_qk else module.feature_proj_k
+        theirs = lolcats_attention(q, k, v, module.feature_proj, key_weight, lolcats_softmax_dim)
+        expected = module.proj(theirs.transpose(1, 2).reshape(x.shape))
+        ours = module(x, hw)
+    assert_rel_close(ours, expected, 1e-6, "output vs LoLCATs' softmax_dim attention")
+
+
+def test_exp_map_is_hedgehogs_not_lolcats_exp_dim(make_hedgehog, tokens):
+    """``feature_map='exp'`` is the Hedgehog formula (plain exponentials; here with each
+    query's features divided by one common factor, which the row normalisation cancels);
+    LoLCATs' ``exp_dim`` divides each half of every query and key by its own extreme, and
+    that is another attention."""
+    hw = (6, 5)
+    module = make_hedgehog('exp', tie_qk=False, feature_init='kaiming_uniform')
+    x = tokens(hw, 1, scale=2.)
+    with torch.no_grad():
+        q, k, v = heads(module, x)
+        ours = module(x, hw)
+        merged = lambda t: module.proj(t.transpose(1, 2).reshape(x.shape))  # noqa: E731
+        phi_q = lolcats_mlp(module.feature_proj, q)
+        phi_q = torch.cat([phi_q, -phi_q], dim=-1)
+        phi_q = (phi_q - phi_q.amax(dim=-1, keepdim=True)).exp()
+        phi_k = lolcats_mlp(module.feature_proj_k, k)
+        phi_k = torch.cat([phi_k.exp(), (-phi_k).exp()], dim=-1)
+        a = phi_q @ phi_k.transpose(-2, -1)
+        hedgehog = merged((a / a.sum(dim=-1, keepdim=True)) @ v)
+        lolcats = merged(lolcats_attention(q, k, v, module.feature_proj, module.feature_proj_k,
+                                           lolcats_exp_dim))
+    assert_rel_close(ours, hedgehog, 1e-6, 'output vs the Hedgehog formula')
+    assert rel_error(ours, lolcats) > 1e-2
 
 
 # ------------------------------------------------------------------ numerics
@@ -361,7 +512,10 @@ def test_traits(make_attention):
     assert cls.softmax_fill == {'qkv': WHOLE, 'proj': WHOLE}
     assert cls.bound_fraction_target == .80
     assert not cls.supports_rope and cls.rope_absent_because
-    assert "feature_map='softmax'" in repr(make_attention('hedgehog'))
+    assert ("feature_map='softmax', tie_qk=True, feature_init='identity'"
+            in repr(make_attention('hedgehog')))
+    assert ("tie_qk=False, feature_init='kaiming_uniform'"
+            in repr(make_attention('hedgehog', tie_qk=False, feature_init='kaiming_uniform')))
 
 
 def test_bad_settings_are_refused(make_attention):
@@ -369,6 +523,9 @@ def test_bad_settings_are_refused(make_attention):
         make_attention('hedgehog', feature_map='relu')
     with pytest.raises(ValueError, match="unknown feature_map 'relu'"):
         naive_hedgehog_attention(torch.zeros(1, 2, 6), torch.zeros(1, 2, 2), 'relu')
+    with pytest.raises(ValueError,
+                       match="unknown feature_init 'zeros'.*identity, kaiming_uniform"):
+        make_attention('hedgehog', feature_init='zeros')
     with pytest.raises(ValueError, match="'hedgehog' operator does not carry RoPE"):
         make_attention('hedgehog', rope=dict(type='eva', ref_grid=(4, 4)))
     with pytest.raises(ValueError, match='attn_drop=0.1'):
@@ -422,19 +579,22 @@ def tiny_vit(attn_type, **kwargs):
 
 
 def identity_heads(layer):
-    return all(torch.equal(w, torch.eye(w.shape[-1])) for w in layer.attn.feature_proj)
+    maps = [layer.attn.feature_proj] + ([] if layer.attn.tie_qk else [layer.attn.feature_proj_k])
+    return all(torch.equal(w, torch.eye(w.shape[-1])) for weight in maps for w in weight)
 
 
+@pytest.mark.parametrize(**TIE)
 @pytest.mark.parametrize('setting', ['copy', 'fullcopy'])
-def test_transfer_copies_qkv_and_proj_and_keeps_w_at_identity(setting):
+def test_transfer_copies_qkv_and_proj_and_keeps_w_at_identity(setting, tie_qk):
     teacher = tiny_vit('softmax')
-    student = tiny_vit('hedgehog')
+    student = tiny_vit('hedgehog', attn_cfg=dict(tie_qk=tie_qk))
     checkpoint = {f'backbone.{name}': t for name, t in teacher.state_dict().items()}
     report = transfer_softmax_weights(student, checkpoint, setting=setting)
     for index, (layer, teacher_layer) in enumerate(zip(student.layers, teacher.layers)):
         assert identity_heads(layer)
-        name = f'layers.{index}.attn.feature_proj'
-        assert report['kept own init'][name] == 'operator-specific'
+        names = ['feature_proj'] + ([] if tie_qk else ['feature_proj_k'])
+        for name in names:
+            assert report['kept own init'][f'layers.{index}.attn.{name}'] == 'operator-specific'
         for linear in ('qkv', 'proj'):
             for param in ('weight', 'bias'):
                 assert f'layers.{index}.attn.{linear}.{param}' in report['copied']
