@@ -45,20 +45,34 @@ class BaseAligner(BaseModel):
         teacher (dict): config of the Softmax teacher LinearViT.
         patch_tokens_only (bool, optional): compare patch tokens only. Forced on when the
             student has no extra tokens.
-        data_preprocessor (dict, optional): mmpretrain's ``ClsDataPreprocessor`` by default
-            (labels pass through and are ignored).
+        data_preprocessor (dict, optional): the teacher's preprocessing, a
+            ``ClsDataPreprocessor`` (labels pass through and are ignored) that normalises:
+            one without ``mean`` / ``std`` is refused, since the teacher never saw raw 0-255
+            pixels (``mean=[0, 0, 0], std=[1, 1, 1]`` aligns on raw pixels deliberately).
+            Without one, the model still computes its losses on given tensors, but its
+            ``train_step`` / ``val_step`` / ``test_step``, the Runner's path, refuse to run:
+            the Runner fills it from a top-level ``data_preprocessor``, and a stage config that
+            replaces ``model`` with ``_delete_=True`` drops one kept inside the base's model.
         init_cfg (dict, optional): of the aligner itself; the student's and the teacher's are
             in their configs.
     """
 
     def __init__(self, backbone, teacher, patch_tokens_only=None, data_preprocessor=None,
                  init_cfg=None):
+        given = data_preprocessor is not None
         if not isinstance(data_preprocessor, nn.Module):
             # Built from mmpretrain's registry, as ImageClassifier does, so that the type
             # resolves whatever the default scope.
             data_preprocessor = MODELS.build(
                 dict(dict(type='ClsDataPreprocessor'), **(data_preprocessor or {})))
+        if given and getattr(data_preprocessor, '_enable_normalize', None) is False:
+            raise ValueError(
+                f'{type(self).__name__}: the data_preprocessor normalises nothing (no mean / '
+                f'std), so student and teacher would see raw 0-255 pixels, which the teacher '
+                f'never saw in its training. {self.PREPROCESSING_ADVICE}; to align on raw '
+                f'pixels deliberately, set mean=[0, 0, 0] and std=[1, 1, 1]')
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
+        self.preprocessing_given = given
         if patch_tokens_only not in (None, True, False):
             raise TypeError(f'patch_tokens_only must be None (automatic), True or False, got '
                             f'{patch_tokens_only!r}')
@@ -73,6 +87,31 @@ class BaseAligner(BaseModel):
         # The student sees the teacher's sequence, or its patch tokens when it has no extras.
         self.patch_input = self.student_extra != self.teacher_extra
         self.patch_tokens_only = bool(patch_tokens_only) or self.patch_input
+
+    PREPROCESSING_ADVICE = (
+        "Give the teacher's preprocessing, e.g. data_preprocessor=dict(mean=[123.675, "
+        "116.28, 103.53], std=[58.395, 57.12, 57.375], to_rgb=True) at the top level of the "
+        "config or in `model` (a stage config that replaces the model with _delete_=True "
+        "drops a data_preprocessor kept inside the base's model)")
+
+    def _check_preprocessing(self):
+        if not self.preprocessing_given:
+            raise ValueError(
+                f'{type(self).__name__} was built without a data_preprocessor, so it would '
+                f'align on raw 0-255 pixels, which the teacher never saw in its training. '
+                f'{self.PREPROCESSING_ADVICE}')
+
+    def train_step(self, data, optim_wrapper):
+        self._check_preprocessing()
+        return super().train_step(data, optim_wrapper)
+
+    def val_step(self, data):
+        self._check_preprocessing()
+        return super().val_step(data)
+
+    def test_step(self, data):
+        self._check_preprocessing()
+        return super().test_step(data)
 
     @property
     def teacher(self):
