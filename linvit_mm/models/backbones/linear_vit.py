@@ -323,6 +323,17 @@ class LinearViT(BaseBackbone):
         'eva02-tiny': dict(_sizes(192, 12, 3, 512), **_EVA02),
         'eva02-small': dict(_sizes(384, 12, 6, 1024), **_EVA02),
         'eva02-base': dict(_sizes(768, 12, 12, 2048), **dict(_EVA02, ffn_norm=True)),
+        # Released linear ViTs (linvit_mm.transfer.linear_releases converts them). ViT^3
+        # (LeapLabTHU/ViTTT, attn_type='ttt') has no class token and no position embedding
+        # besides each block's cpe; its tiny has 6 heads at width 192, not DeiT-T's 3.
+        'vit3-tiny': dict(_sizes(192, 12, 6, 768), pos_embed_type='none'),
+        'vit3-small': dict(_sizes(384, 12, 6, 1536), pos_embed_type='none'),
+        'vit3-base': dict(_sizes(768, 12, 12, 3072), pos_embed_type='none'),
+        # InLine-DeiT (LeapLabTHU/InLine, attn_type='inline'): DeiT's layout at other widths
+        # (T 192 / 6 heads, S 320 / 10, B 384 / 12; head dim 32).
+        'inline-deit-tiny': _sizes(192, 12, 6, 768),
+        'inline-deit-small': _sizes(320, 12, 10, 1280),
+        'inline-deit-base': _sizes(384, 12, 12, 1536),
     }
     OUT_TYPES = ('cls_token', 'featmap', 'avg_featmap', 'raw')
     POS_EMBED_TYPES = ('learned', 'sincos', 'none')
