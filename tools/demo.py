@@ -20,6 +20,9 @@ options is reused; ``--force`` redoes everything. ``--source dinov2`` gives the 
 so every ViT of the demo, DINOv2's shape (patch 14, registers, LayerScale) at the same small
 sizes: the configs of ``configs/demo`` reshaped and written into ``<work-dir>/configs``.
 """
+# Declared before linvit_mm is first imported (in parse_args, before torch loads): linvit_mm
+# then chooses this process's CPU threading (see linvit_mm/cpu_threads.py).
+LINVIT_MM_TOOL = True
 import argparse
 import collections
 import functools

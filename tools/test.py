@@ -19,6 +19,10 @@ what a scope-specific option means, as each upstream ``tools/test.py`` defines i
 ``--amp`` runs the test loop under autocast (fp16 on CUDA, bf16 on a CPU);
 ``--no-pin-memory`` turns ``pin_memory`` off in the test dataloader.
 """
+# Declared before the first import: linvit_mm, imported first, then chooses this process's
+# CPU threading before torch loads (see linvit_mm/cpu_threads.py; the user's variables win).
+LINVIT_MM_TOOL = True
+import linvit_mm  # noqa: E402,F401  isort: skip
 import argparse
 import os.path as osp
 

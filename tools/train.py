@@ -9,6 +9,10 @@ A config that lacks them gets the training safeguards of
 ``linvit_mm.engine.launch.add_training_safeguards`` (a non-finite loss stops the run
 before its checkpoint is written; checkpoints are written atomically); the log says so.
 """
+# Declared before the first import: linvit_mm, imported first, then chooses this process's
+# CPU threading before torch loads (see linvit_mm/cpu_threads.py; the user's variables win).
+LINVIT_MM_TOOL = True
+import linvit_mm  # noqa: E402,F401  isort: skip
 import argparse
 import os.path as osp
 

@@ -29,6 +29,10 @@ Example::
     python tools/analysis_tools/benchmark_adapter.py --threads 2
     python tools/analysis_tools/benchmark_adapter.py --device cuda --repeats 20
 """
+# Declared before the first import: linvit_mm, imported first, then chooses this process's
+# CPU threading before torch loads (see linvit_mm/cpu_threads.py; the user's variables win).
+LINVIT_MM_TOOL = True
+import linvit_mm  # noqa: E402,F401  isort: skip
 import argparse
 import csv
 import os.path as osp

@@ -35,6 +35,10 @@ Example::
     python tools/analysis_tools/benchmark_align.py                  # ViT-S relu, batch 8, 224
     python tools/analysis_tools/benchmark_align.py --attn-type ttt --threads 2 --iters 20
 """
+# Declared before the first import: linvit_mm, imported first, then chooses this process's
+# CPU threading before torch loads (see linvit_mm/cpu_threads.py; the user's variables win).
+LINVIT_MM_TOOL = True
+import linvit_mm  # noqa: E402,F401  isort: skip
 import argparse
 import gc
 import importlib.util
