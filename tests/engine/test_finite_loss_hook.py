@@ -113,3 +113,111 @@ def test_loss_turning_nan_mid_run_keeps_only_the_checkpoints_from_before(
     assert all(torch.isfinite(v).all() for v in state['state_dict'].values())
     log = next(tmp_path.glob('*/*.log')).read_text()
     assert re.search(r'ERROR - .*non-finite training loss at iteration 3: ', log)
+
+
+# ------------------------------------------------- parameters and optimizer state at a save
+class PoisonState(Hook):
+    """After the update of iteration ``at`` (1-based), one Inf where a diverging AdamW step
+    puts it (``exp_avg_sq``) or one NaN weight: a state the loss of that iteration, computed
+    before the update, cannot show."""
+
+    priority = 'HIGHEST'
+
+    def __init__(self, at, where):
+        self.at, self.where = at, where
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        if runner.iter + 1 != self.at:
+            return
+        param = runner.model.backbone.layers[0].attn.qkv.weight
+        with torch.no_grad():
+            if self.where == 'exp_avg_sq':
+                runner.optim_wrapper.optimizer.state[param]['exp_avg_sq'][0, 0] = math.inf
+            else:
+                param[0, 0] = math.nan
+
+
+def diverging_cfg(work_dir, mini_data_root, max_iters, **checkpoint):
+    """The tiny classifier at lr 1e6 without clipping, a checkpoint every iteration."""
+    cfg = Config.fromfile(str(TINY_CONFIG))
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[loader].dataset.data_root = str(mini_data_root / 'imagenet')
+    cfg.work_dir = str(work_dir)
+    cfg.optim_wrapper = dict(optimizer=dict(type='AdamW', lr=1e6, weight_decay=0.05))
+    cfg.train_cfg.max_iters = max_iters
+    cfg.train_cfg.val_interval = max_iters
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False,
+                                        **(checkpoint or dict(interval=1)))
+    cfg.default_hooks.check_loss = dict(type='FiniteLossHook')
+    return cfg
+
+
+def finite_checkpoint(path):
+    checkpoint = torch.load(path, map_location='cpu', weights_only=False)
+    tensors = list(checkpoint['state_dict'].values()) + [
+        value for state in checkpoint['optimizer']['state'].values()
+        for value in state.values() if torch.is_tensor(value)]
+    return all(torch.isfinite(t).all() for t in tensors)
+
+
+@pytest.mark.parametrize('where', ['exp_avg_sq', 'weight'])
+def test_non_finite_state_with_a_finite_loss_is_not_saved(tmp_path, mini_data_root, where):
+    runner = Runner.from_cfg(diverging_cfg(tmp_path, mini_data_root, 4))
+    runner.register_hook(PoisonState(at=2, where=where))
+    with pytest.raises(FloatingPointError) as error:
+        runner.train()
+    message = str(error.value)
+    named = ('optimizer exp_avg_sq of backbone.layers.0.attn.qkv.weight' if where == 'exp_avg_sq'
+             else 'backbone.layers.0.attn.qkv.weight')
+    assert f'non-finite parameters or optimizer state after iteration 2 (1 tensors: {named})' \
+        in message
+    assert 'the checkpoint of iteration 2 was not written' in message
+    first = str(tmp_path / 'iter_1.pth')
+    assert f'the last finite checkpoint of this run is {first}' in message
+    assert f'--resume {first}' in message
+    assert sorted(p.name for p in tmp_path.glob('*.pth')) == ['iter_1.pth']
+    assert (tmp_path / 'last_checkpoint').read_text() == first
+    assert finite_checkpoint(first)
+
+
+def test_diverging_run_names_the_last_finite_checkpoint(tmp_path, mini_data_root):
+    # lr 1e6: the weights reach ~5e10 after two updates, all finite; the third loss is NaN
+    runner = Runner.from_cfg(diverging_cfg(tmp_path, mini_data_root, 4))
+    with pytest.raises(FloatingPointError, match='non-finite training loss at iteration 3') \
+            as error:
+        runner.train()
+    last = str(tmp_path / 'iter_2.pth')
+    assert f'the last finite checkpoint of this run is {last}' in str(error.value)
+    assert all(finite_checkpoint(p) for p in tmp_path.glob('*.pth'))
+
+
+@pytest.mark.parametrize('saving', [
+    dict(interval=100),  # only the last checkpoint, at iteration 2
+    dict(interval=100, save_last=False, save_best='accuracy/top1'),
+], ids=['last', 'best'])
+def test_last_and_best_checkpoints_of_a_non_finite_state_are_not_written(
+        tmp_path, mini_data_root, saving):
+    runner = Runner.from_cfg(diverging_cfg(tmp_path, mini_data_root, 2, **saving))
+    runner.register_hook(PoisonState(at=2, where='exp_avg_sq'))
+    with pytest.raises(FloatingPointError, match='optimizer exp_avg_sq of backbone') as error:
+        runner.train()
+    assert 'no finite checkpoint of this run was written' in str(error.value)
+    assert not list(tmp_path.glob('*.pth'))
+
+
+def test_resuming_a_non_finite_checkpoint_is_refused_at_once(tmp_path, mini_data_root):
+    runner = Runner.from_cfg(diverging_cfg(tmp_path / 'run', mini_data_root, 1))
+    runner.train()
+    checkpoint = torch.load(tmp_path / 'run' / 'iter_1.pth', map_location='cpu',
+                            weights_only=False)
+    next(iter(checkpoint['optimizer']['state'].values()))['exp_avg_sq'].fill_(math.inf)
+    poisoned = tmp_path / 'poisoned.pth'
+    torch.save(checkpoint, poisoned)
+    cfg = diverging_cfg(tmp_path / 'resumed', mini_data_root, 3)
+    cfg.resume, cfg.load_from = True, str(poisoned)
+    runner = Runner.from_cfg(cfg)
+    with pytest.raises(FloatingPointError,
+                       match=r'starts from non-finite parameters or optimizer state \(1 '
+                             r'tensors: optimizer exp_avg_sq of backbone\.'):
+        runner.train()
+    assert runner.iter == 1 and not list((tmp_path / 'resumed').glob('*.pth'))
