@@ -5,7 +5,10 @@ costs (oneDNN primitives for tiny depthwise convolutions, one memory pass per el
 operation, one autograd node each) outweigh the arithmetic. ``csrc/`` fuses them. The build
 needs a C++ compiler and ninja (both part of the environment ``tools/setup_env.sh`` makes),
 takes about half a minute once, and is cached by torch per user
-(``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
+(``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``). torch keys that cache by
+the extension's name only, so the name carries a digest of the sources
+(:func:`extension_name`): two checkouts with different kernels build and load their own,
+checkouts with the same kernels share one build.
 
 Where the kernels cannot be used (no compiler, tensors on a GPU, fp16/bf16, or
 ``LINVIT_MM_CPU_KERNELS=0`` in the environment) every caller runs the same computation with
@@ -22,6 +25,7 @@ table that replaces each operator by its PyTorch form, for programs that must no
 linvit_mm (ONNX, or a ``.pt2`` file loaded without it).
 """
 import contextlib
+import hashlib
 import os
 import os.path as osp
 import warnings
@@ -33,6 +37,7 @@ import torch
 # otherwise make ninja rebuild what a process importing from the source tree built.
 CSRC = osp.join(osp.dirname(osp.realpath(__file__)), 'csrc')
 SOURCES = ('bindings.cpp', 'depthwise3x3.cpp', 'ttt_inner.cpp')
+_SOURCE_SUFFIXES = ('.c', '.cc', '.cpp', '.cxx', '.h', '.hh', '.hpp', '.inl', '.cu', '.cuh')
 KERNEL_DTYPES = (torch.float32, torch.float64)
 # The build is cached and may be reused on another CPU of the same user, so it targets the
 # vector width torch itself dispatches to here (named in the extension), not -march=native.
@@ -46,6 +51,45 @@ _enabled = os.environ.get('LINVIT_MM_CPU_KERNELS', '1') != '0'
 _TORCH_FORMS = {}
 
 
+def _cflags(capability):
+    return ['-O3', *_ARCH_FLAGS.get(capability, [])]
+
+
+def source_digest(csrc=CSRC, capability=None):
+    """sha256 (hex) of every C/C++ file under ``csrc`` (relative name and bytes, so an included
+    header counts too), the compiler flags and torch's version: what the build depends on.
+    Other files (an editor's swap file, notes) do not count."""
+    capability = capability or torch.backends.cpu.get_cpu_capability()
+    digest = hashlib.sha256()
+    for flag in (torch.__version__, *_cflags(capability)):
+        digest.update(flag.encode() + b'\0')
+    for root, dirs, names in os.walk(csrc):
+        dirs.sort()
+        for name in sorted(names):
+            if not name.endswith(_SOURCE_SUFFIXES):
+                continue
+            path = osp.join(root, name)
+            digest.update(osp.relpath(path, csrc).encode() + b'\0')
+            with open(path, 'rb') as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()
+
+
+def extension_name(csrc=CSRC, capability=None):
+    """The name torch builds and caches the kernels of ``csrc`` under."""
+    capability = capability or torch.backends.cpu.get_cpu_capability()
+    return f'linvit_mm_cpu_kernels_{capability.lower()}_{source_digest(csrc, capability)[:16]}'
+
+
+def build(csrc=CSRC, sources=SOURCES):
+    """Compile (or take from torch's cache) the kernels of ``csrc`` and import them."""
+    from torch.utils.cpp_extension import load
+    capability = torch.backends.cpu.get_cpu_capability()
+    return load(name=extension_name(csrc, capability),
+                sources=[osp.join(csrc, name) for name in sources],
+                extra_cflags=_cflags(capability))
+
+
 def cpu_kernels():
     """The compiled module (built on the first call), or None where it cannot be built."""
     global _extension
@@ -53,13 +97,8 @@ def cpu_kernels():
         _extension = None
         if os.environ.get('LINVIT_MM_CPU_KERNELS', '1') == '0':
             return None
-        from torch.utils.cpp_extension import load
-        capability = torch.backends.cpu.get_cpu_capability()
         try:
-            _extension = load(
-                name=f'linvit_mm_cpu_kernels_{capability.lower()}',
-                sources=[osp.join(CSRC, name) for name in SOURCES],
-                extra_cflags=['-O3', *_ARCH_FLAGS.get(capability, [])])
+            _extension = build()
         except Exception as err:  # no compiler or ninja, a read-only cache, ...
             warnings.warn(f'linvit_mm: the C++ CPU kernels could not be built, so the ttt '
                           f'operator runs on PyTorch operations (same results, slower on '
