@@ -15,12 +15,14 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.logging import MMLogger
 from mmengine.runner import Runner
+from mmpretrain.models import ImageClassifier
 from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
 
 import linvit_mm.engine  # noqa: F401
 import linvit_mm.models  # noqa: F401
 from linvit_mm.engine import AttentionDistillHook
+from linvit_mm.engine.hooks.attention_distill_hook import _patch_size
 from linvit_mm.models import LinearViT
 from linvit_mm.testing.staged import TINY_ARCH, tiny_vit_cfg, write_softmax_teacher
 from linvit_mm.testing.staged import teacher_cfg as peaked_teacher_cfg
@@ -691,3 +693,75 @@ def test_nothing_recorded_outlives_its_iteration(peaked_teacher, target):
     hook, *_ = distil_once('relu', peaked_teacher, target=target)
     for recorder in (hook._student_rec, hook._teacher_rec):
         assert not recorder.active and not recorder.outputs and not recorder.maps
+
+
+# ----------------------------------------------------------- what the loss path refuses
+class LossSumClassifier(ImageClassifier):
+    """A classifier whose ``mode='loss'`` returns one tensor instead of a loss dict."""
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        out = super().forward(inputs, data_samples, mode)
+        return sum(out.values()) if mode == 'loss' else out
+
+
+class RenamedLossClassifier(ImageClassifier):
+    """A classifier whose loss dict has no ``'loss'`` entry (only ``'loss_cls'``)."""
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        out = super().forward(inputs, data_samples, mode)
+        return {'loss_cls': out['loss']} if mode == 'loss' else out
+
+
+def distilling_model(model_class, peaked_teacher):
+    torch.manual_seed(1)
+    model = model_class(backbone=tiny_vit_cfg('relu'),
+                        head=dict(type='LinearClsHead', num_classes=3, in_channels=WIDTH))
+    model.init_weights()
+    model.train()
+    hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher))
+    runner = fake_runner(model)
+    hook.before_train(runner)
+    hook.before_train_iter(runner, 0)
+    return model, hook
+
+
+def test_a_model_that_returns_no_loss_dict_is_refused(peaked_teacher):
+    model, _ = distilling_model(LossSumClassifier, peaked_teacher)
+    with pytest.raises(TypeError, match='expects the model to return a loss dict'):
+        model(*batch(), mode='loss')
+
+
+def test_a_loss_dict_without_a_loss_entry_keeps_its_names(peaked_teacher):
+    model, hook = distilling_model(RenamedLossClassifier, peaked_teacher)
+    losses = model(*batch(), mode='loss')
+    assert set(losses) == {'loss_cls', 'loss_distill'}
+    assert losses['loss_distill'] > 0
+
+
+def test_a_block_that_skips_its_attention_is_named(peaked_teacher):
+    model = classifier('relu')
+    hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher))
+    runner = fake_runner(model)
+    hook.before_train(runner)
+    hook.before_train_iter(runner, 0)
+    model.backbone.layers[1].forward = lambda x, hw_shape: x
+    with pytest.raises(RuntimeError, match=re.escape('no attention for blocks [1]')):
+        model(*batch(), mode='loss')
+
+
+def test_a_hook_that_never_set_up_ends_quietly(peaked_teacher):
+    hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher))
+    runner = fake_runner(classifier('relu'))
+    hook.after_train_iter(runner, 0)
+    hook.after_train(runner)
+    assert hook.teacher is None
+
+
+def test_patch_size_is_read_from_the_outermost_module_that_declares_one():
+    outer = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Identity())
+    assert _patch_size(outer) is None
+    outer.patch_size = None  # declared but unset: the search goes on to the children
+    outer[1].patch_size = 14
+    outer[1].add_module('inner', torch.nn.Identity())
+    outer[1].inner.patch_size = 16
+    assert _patch_size(outer) == (14, 14)
