@@ -6,15 +6,19 @@ Identity kernel with subtraction normalisation, ``s = d^-1/2``::
     A_ij  = s/N * q_i^T k_j + 1/N * (1 - s * q_i^T k_mean)      (rows sum to 1)
     out_i = s/N * q_i^T (K^T V) + (1 - s * q_i^T k_mean) * v_mean
 
-Entries of ``A`` may be negative. The official blocks add a local 3x3 residual branch
-on the values; the paper's comparison uses the attention alone, and so does this
-operator (weight shapes equal Softmax attention).
+Entries of ``A`` may be negative. The official DeiT blocks add a local residual branch on
+the values (``residual=True`` here, off by default): the paper's comparison with the other
+linear attentions uses the attention alone, and so does this operator by default (weight
+shapes equal Softmax attention).
 """
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from .base import (float32_state, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
                    register_attention)
 from .map_attention import LinearMapAttention
+from .ttt import naive_depthwise3x3
 
 
 def naive_inline_attention(qkv, num_heads, rotations=None):
@@ -46,6 +50,27 @@ def naive_inline_attention(qkv, num_heads, rotations=None):
         return naive_merge_heads(attn @ v), attn
 
 
+def naive_inline_residual(x, qkv, residual, num_heads, hw_shape):
+    """The local residual branch written out (the test oracle): for every image, the ``3x3``
+    kernel of channel ``c`` is entries ``[9c, 9c + 9)`` of ``residual(mean_n x_n)`` (the
+    two grouped 1x1 convolutions of the mean input token, laid out ``(C, 3, 3)`` row by
+    row), and the branch is the zero-padded 3x3 depthwise convolution of the patch values
+    (channel ``h d + j`` of value head ``h``) with it, from :func:`naive_depthwise3x3`;
+    extra tokens get nothing. Returns ``(B, N, C)`` in float32 at least."""
+    with torch.autocast(device_type=qkv.device.type, enabled=False):
+        _, _, v = naive_heads(naive_precision(qkv), num_heads)
+        values = naive_merge_heads(v)                                            # (B, N, C)
+        C = values.shape[-1]
+        num_extra = values.shape[1] - hw_shape[0] * hw_shape[1]
+        out = torch.zeros_like(values)
+        for b in range(values.shape[0]):
+            mean_token = naive_precision(x[b]).mean(dim=0)
+            kernel_entries = residual(mean_token.to(residual[0].weight.dtype)[:, None])
+            kernel = naive_precision(kernel_entries[:, 0]).reshape(C, 3, 3)
+            out[b, num_extra:] = naive_depthwise3x3(values[b, num_extra:], kernel, hw_shape)
+        return out
+
+
 @register_attention('inline')
 class InLineAttention(LinearMapAttention):
     """InLine attention in O(N d^2).
@@ -63,7 +88,55 @@ class InLineAttention(LinearMapAttention):
     and the map is formed from the rotated ones (``k_mean`` is the mean of the rotated
     keys). InLine has no feature map whose positivity a rotation could break, and its rows
     sum to one by construction for any ``q``, ``k``, so they still do.
+
+    **Local residual** (``residual=True``, the official InLine-DeiT block's
+    ``attn.residual``): a per-image 3x3 depthwise convolution of the patch values, added
+    to the attention output before ``proj``; its kernels are predicted from the mean input
+    token (over every token, the class token included, as the official model takes it) by
+    ``residual = Sequential(Conv1d(C, C, 1, groups=heads), GELU, Conv1d(C, 9C, 1,
+    groups=heads))``, channel ``c``'s kernel being outputs ``[9c, 9c + 9)`` row by row.
+    The patches are the tokens after the extra ones, on the given grid (the official model
+    assumes one class token and a square grid; any grid works here), with zero padding;
+    extra tokens get no residual. The branch is operator-specific (a Softmax transfer
+    leaves it at its init, PyTorch's default for ``Conv1d``, as in the official model), and
+    ``attention_map`` stays the map of the attention alone: with the branch on, the output
+    is that map times the values plus the branch, no longer ``A V``.
+
+    Args:
+        residual (bool): add the local residual branch (False).
     """
+
+    def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
+                 rope=None, layer_scale_init_value=0., residual=False):
+        super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                         proj_drop=proj_drop, rope=rope,
+                         layer_scale_init_value=layer_scale_init_value)
+        self.residual = (nn.Sequential(
+            nn.Conv1d(embed_dims, embed_dims, kernel_size=1, groups=num_heads), nn.GELU(),
+            nn.Conv1d(embed_dims, 9 * embed_dims, kernel_size=1, groups=num_heads))
+            if residual else None)
+
+    def local_residual(self, x, v, hw_shape):
+        """The residual branch ``(B, N, C)`` of the operator input ``x`` and the value heads
+        ``v`` ``(B, heads, N, d)``, batched: every image's ``C`` kernels as the groups of one
+        ``conv2d``."""
+        B, N, C = x.shape
+        H, W = hw_shape
+        num_extra = N - H * W
+        kernels = self.residual(x.mean(dim=1).unsqueeze(-1)).reshape(B * C, 1, 3, 3)
+        patches = v[:, :, num_extra:].permute(0, 1, 3, 2).reshape(1, B * C, H, W)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            patches, kernels = float32_state(patches, kernels)
+            local = F.conv2d(patches, kernels.to(patches.dtype), padding=1, groups=B * C)
+        local = local.reshape(B, C, H * W).transpose(1, 2)
+        return F.pad(local, (0, 0, num_extra, 0))
+
+    def forward(self, x, hw_shape):
+        q, k, v, rotation = self._heads(x, hw_shape)
+        out = self.merge_heads(self._linear(q, k, v, rotation))
+        if self.residual is not None:
+            out = out + self.local_residual(x, v, hw_shape).to(out.dtype)
+        return self.project(out)
 
     def _linear(self, q, k, v, rotation=None):
         out_dtype = v.dtype
@@ -98,11 +171,25 @@ class InLineAttention(LinearMapAttention):
         return out.to(qkv.dtype), attn
 
     def forward_reference(self, x, hw_shape):
-        return self.project(self.naive_forward(x, hw_shape)[0])
+        out = self.naive_forward(x, hw_shape)[0]
+        if self.residual is not None:
+            out = out + naive_inline_residual(x, self.qkv(x), self.residual, self.num_heads,
+                                              hw_shape).to(out.dtype)
+        return self.project(out)
 
     def core_macs(self, num_tokens, hw_shape):
         # K^T V and its read-out (N d^2 per head each); key and value means, q^T k_mean and
-        # the mean-value term (N d per head each); RoPE on the patch queries and keys
+        # the mean-value term (N d per head each); RoPE on the patch queries and keys; the
+        # residual branch: the mean input token, its two grouped 1x1 convs (C d and 9 C d:
+        # Conv1d is not among the layers counted from their shapes) and the 3x3 depthwise
+        # conv of the patch values
         C, d = self.embed_dims, self.head_dims
-        return (2 * num_tokens * C * d + 4 * num_tokens * C
-                + self.rotation_macs(hw_shape[0] * hw_shape[1]))
+        num_patches = hw_shape[0] * hw_shape[1]
+        macs = (2 * num_tokens * C * d + 4 * num_tokens * C
+                + self.rotation_macs(num_patches))
+        if self.residual is not None:
+            macs += num_tokens * C + 10 * C * d + 9 * num_patches * C
+        return macs
+
+    def extra_repr(self):
+        return f'{super().extra_repr()}, residual={self.residual is not None}'

@@ -139,3 +139,143 @@ def test_state_is_float32_under_fp16_autocast(make_attention, tokens, autocast_o
     out, exact = autocast_output(module, x, hw, torch.float16)
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
     assert rel_error(out, exact) < 1e-2
+
+
+# ------------------------------------------------------------------ the local residual branch
+def with_residual(make_attention, **kwargs):
+    """An ``inline`` operator with the residual branch, its biases drawn away from zero."""
+    module = make_attention('inline', residual=True, **kwargs)
+    with torch.no_grad():
+        for conv in (module.residual[0], module.residual[2]):
+            conv.bias.uniform_(-.5, .5)
+    return module
+
+
+def test_residual_is_off_by_default(make_attention):
+    module = make_attention('inline')
+    assert module.residual is None
+    assert set(module.state_dict()) == set(make_attention('softmax').state_dict())
+    assert 'residual=False' in repr(module)
+    shapes = {name: tuple(t.shape) for name, t in
+              make_attention('inline', residual=True).state_dict().items()
+              if name.startswith('residual.')}
+    C, d = 24, 8
+    assert shapes == {'residual.0.weight': (C, d, 1), 'residual.0.bias': (C, ),
+                      'residual.2.weight': (9 * C, d, 1), 'residual.2.bias': (9 * C, )}
+
+
+@pytest.mark.parametrize('hw', GRIDS.values(), ids=GRIDS)
+@pytest.mark.parametrize('num_extra', [0, 1, 2], ids=['no_cls', 'cls', 'cls_register'])
+@pytest.mark.parametrize('config', ['plain', 'four_heads', 'rope_eva'])
+def test_residual_fast_form_matches_naive_reference(config, num_extra, hw, make_attention,
+                                                    tokens, assert_fast_matches_naive):
+    """With the branch on: output and the gradients of the input and of every parameter (the
+    branch's convs included), in float64, against the oracle."""
+    module = with_residual(make_attention, **CONFIGS[config])
+    assert_fast_matches_naive(module, tokens(hw, num_extra, dims=module.embed_dims), hw)
+
+
+def test_residual_is_the_definition_pixel_by_pixel(make_attention, tokens):
+    """The branch written out for one image, channel and pixel: kernel entries ``9c .. 9c+8``
+    of ``W2 gelu(W1 mean(x) + b1) + b2`` (grouped: head ``g``'s outputs read head ``g``'s
+    inputs) laid out row by row, times the in-grid neighbours of the patch value."""
+    module = with_residual(make_attention, embed_dims=32, num_heads=4)
+    hw, num_extra = (3, 4), 1
+    H, W = hw
+    x = tokens(hw, num_extra, dims=32)
+    C, d, heads = 32, 8, 4
+    with torch.no_grad():
+        branch = module.forward_reference(x, hw) - make_plain(module)(x, hw)
+        values = module.qkv(x)[..., 2 * C:]
+        w1, b1 = module.residual[0].weight[..., 0], module.residual[0].bias
+        w2, b2 = module.residual[2].weight[..., 0], module.residual[2].bias
+        for b in range(2):
+            mean = x[b].mean(dim=0)
+            hidden = torch.cat([w1[g * d:(g + 1) * d] @ mean[g * d:(g + 1) * d]
+                                for g in range(heads)]) + b1
+            hidden = torch.nn.functional.gelu(hidden)
+            entries = torch.cat([w2[g * 9 * d:(g + 1) * 9 * d] @ hidden[g * d:(g + 1) * d]
+                                 for g in range(heads)]) + b2
+            expected = torch.zeros(H * W, C, dtype=x.dtype)
+            for c in range(C):
+                kernel = entries[9 * c:9 * c + 9].reshape(3, 3)
+                for i in range(H):
+                    for j in range(W):
+                        expected[i * W + j, c] = sum(
+                            kernel[a + 1, e + 1] * values[b, num_extra + (i + a) * W + j + e, c]
+                            for a in (-1, 0, 1) for e in (-1, 0, 1)
+                            if 0 <= i + a < H and 0 <= j + e < W)
+            # before proj: undo it (proj is linear) by comparing proj(expected) - proj(0)
+            projected = module.proj(expected) - module.proj.bias
+            assert_rel_close(branch[b, num_extra:], projected, 1e-12, f'image {b} patches')
+            assert branch[b, :num_extra].abs().max() < 1e-12
+
+
+def make_plain(module):
+    """The same operator without the branch (its qkv and proj)."""
+    plain = InLineAttention(module.embed_dims, module.num_heads).to(module.qkv.weight.dtype)
+    plain.load_state_dict({k: v for k, v in module.state_dict().items()
+                           if not k.startswith('residual.')})
+    return plain
+
+
+def official_inline_attention(module, x):
+    """The official InLine-DeiT attention (LeapLabTHU/InLine ``models/inline_deit.py``,
+    ``InLineAttention.forward``), written here from reading it: one class token, a square
+    grid ``h = w = int(n ** 0.5)``, the state scaled by ``(scale / n) ** 0.5`` on each side."""
+    b, n, c = x.shape
+    heads = module.num_heads
+    d = c // heads
+    scale = d**-0.5
+    side = int(n**0.5)
+    qkv = module.qkv(x).reshape(b, n, 3, c).permute(2, 0, 1, 3)
+    q, k, v = (t.reshape(b, n, heads, d).permute(0, 2, 1, 3) for t in qkv)
+    kernels = module.residual(x.mean(dim=1).unsqueeze(dim=-1)).reshape(b * c, 1, 3, 3)
+    kv = (k.transpose(-2, -1) * (scale / n)**0.5) @ (v * (scale / n)**0.5)
+    out = q @ kv + (1 - q @ k.mean(dim=2, keepdim=True).transpose(-2, -1) * scale) \
+        * v.mean(dim=2, keepdim=True)
+    out = out.transpose(1, 2).reshape(b, n, c)
+    grid = v[:, :, 1:, :].transpose(1, 2).reshape(b, side, side, c).permute(0, 3, 1, 2)
+    local = torch.nn.functional.conv2d(grid.reshape(1, b * c, side, side), kernels, None,
+                                       padding=(1, 1), groups=b * c)
+    out = out.clone()
+    out[:, 1:, :] = out[:, 1:, :] + local.reshape(b, c, n - 1).permute(0, 2, 1)
+    return module.proj(out)
+
+
+@pytest.mark.parametrize('side', [4, 7])
+def test_residual_equals_the_official_attention(side, make_attention, tokens):
+    """``residual=True`` is the official module (square grid, one class token), 1e-6 in
+    float64; without the branch the two differ."""
+    module = with_residual(make_attention, embed_dims=48, num_heads=6)
+    hw = (side, side)
+    x = tokens(hw, 1, dims=48)
+    with torch.no_grad():
+        official = official_inline_attention(module, x)
+        assert_rel_close(module(x, hw), official, 1e-6, 'output vs the official attention')
+        assert rel_error(make_plain(module)(x, hw), official) > 1e-3
+
+
+def test_residual_core_macs(make_attention):
+    plain, module = make_attention('inline'), make_attention('inline', residual=True)
+    C, d, n, hw = 24, 8, 13, (3, 4)
+    assert module.core_macs(n, hw) - plain.core_macs(n, hw) == n * C + 10 * C * d + 9 * 12 * C
+
+
+def test_softmax_transfer_keeps_the_residual_at_its_init():
+    """qkv and proj copy; the four branch tensors per block are operator-specific, reported,
+    and untouched."""
+    from linvit_mm.models import LinearViT
+    from linvit_mm.transfer import transfer_softmax_weights
+    arch = dict(embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=64)
+    teacher = LinearViT(arch=arch, attn_type='softmax', img_size=32, patch_size=8)
+    student = LinearViT(arch=arch, attn_type='inline', attn_cfg=dict(residual=True),
+                        img_size=32, patch_size=8)
+    before = {k: v.clone() for k, v in student.state_dict().items() if '.residual.' in k}
+    report = transfer_softmax_weights(
+        student, {f'backbone.{k}': v for k, v in teacher.state_dict().items()}, setting='copy')
+    assert len(before) == 8
+    for name, value in before.items():
+        assert report['kept own init'][name] == 'operator-specific'
+        assert torch.equal(student.state_dict()[name], value)
+    assert torch.equal(student.layers[1].attn.qkv.weight, teacher.layers[1].attn.qkv.weight)
