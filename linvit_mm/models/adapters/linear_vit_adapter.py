@@ -189,13 +189,13 @@ class LinearViTAdapter(BaseModule):
             [build_norm_layer(norm_cfg, embed_dims)[1] for _ in self.STRIDES])
 
     # ------------------------------------------------------------------ construction
-    @staticmethod
-    def _pretrained_from_init_cfg(init_cfg, pretrained, checkpoint_prefix):
+    @classmethod
+    def _pretrained_from_init_cfg(cls, init_cfg, pretrained, checkpoint_prefix):
         if init_cfg is None:
             return pretrained, checkpoint_prefix
         if not (isinstance(init_cfg, dict) and init_cfg.get('type') == 'Pretrained'
                 and 'checkpoint' in init_cfg):
-            raise ValueError(f"LinearViTAdapter accepts only init_cfg=dict(type='Pretrained', "
+            raise ValueError(f"{cls.__name__} accepts only init_cfg=dict(type='Pretrained', "
                              f"checkpoint=PATH[, prefix='backbone.']) (or pretrained=PATH); its "
                              f"own parts have a fixed initialisation. Got {init_cfg!r}")
         if pretrained is not None:
@@ -318,15 +318,16 @@ class LinearViTAdapter(BaseModule):
                              f'the ViT: {err}') from err
 
         adapter_keys = [k for k in self.state_dict() if not k.startswith('vit.')]
-        logger.info(f'LinearViTAdapter: loaded {len(vit_state)} ViT tensors from {filename} '
+        name = type(self).__name__
+        logger.info(f'{name}: loaded {len(vit_state)} ViT tensors from {filename} '
                     f'(prefix {prefix!r}).')
         if unused:
-            logger.info(f'LinearViTAdapter: skipped the ViT final norm keys, unused in dense '
+            logger.info(f'{name}: skipped the ViT final norm keys, unused in dense '
                         f'prediction: {", ".join(prefix + k for k in unused)}')
         if outside:
-            logger.info(f'LinearViTAdapter: ignored {len(outside)} keys outside {prefix!r}: '
+            logger.info(f'{name}: ignored {len(outside)} keys outside {prefix!r}: '
                         f'{", ".join(outside)}')
-        logger.info(f'LinearViTAdapter: {len(adapter_keys)} adapter keys keep their own '
+        logger.info(f'{name}: {len(adapter_keys)} adapter keys keep their own '
                     f'initialisation: {", ".join(adapter_keys)}')
 
     def _check_vit_state(self, vit_state, prefix, filename):
@@ -347,7 +348,7 @@ class LinearViTAdapter(BaseModule):
         if mismatched:
             problems.append('shape mismatch: ' + '; '.join(mismatched))
         if problems:
-            raise ValueError(f'{filename} does not match the ViT of LinearViTAdapter '
+            raise ValueError(f'{filename} does not match the ViT of {type(self).__name__} '
                              f'({self.vit.attn_type}, {self.vit.num_layers} blocks, width '
                              f'{self.embed_dims}): ' + ' | '.join(problems))
 
