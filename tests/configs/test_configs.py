@@ -222,6 +222,8 @@ def run_aligner(cfg, softmax_checkpoint, staged_checkpoints):
         vit.update(arch=TINY_ARCH, img_size=IMG, patch_size=16)
         retarget_transfer(vit.get('init_cfg') or [], softmax_checkpoint)
     retarget_staged(cfg.model.backbone, staged_checkpoints)
+    # as the Runner does: the aligners refuse to train without the teacher's preprocessing
+    cfg.model.setdefault('data_preprocessor', cfg.get('data_preprocessor'))
     model = MODELS.build(cfg.model)
     model.init_weights()
     optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
