@@ -6,11 +6,22 @@ heads". Each block ``b`` sums its own key-value state and normaliser,
 ``S_b = sum phi(k) v^T`` and ``z_b = sum phi(k)``; a learned ``M x M`` matrix ``W``
 mixes them, and a query ``t`` in block ``i`` reads
 
-    out_t = phi(q_t)^T (sum_j W_ij S_j) / (phi(q_t)^T sum_j W_ij z_j + eps),
+    out_t = phi(q_t)^T (sum_j W_ij S_j) / (phi(q_t)^T sum_j W_ij z_j + eps)
 
-so different regions see differently weighted summaries of the image while the cost
-stays O(N C d + M^2 C d). A 5 x 5 depthwise convolution of the values, in image
-layout, is added before the output projection.
+(``normaliser='consistent'``, the default), so different regions see differently weighted
+summaries of the image while the cost stays O(N C d + M^2 C d). A 5 x 5 depthwise
+convolution of the values, in image layout, is added before the output projection.
+
+The authors' code (``MHLA_Normed_Torch`` of DAGroup-PKU/MHLA), which produced the paper's
+MHLA results, divides instead by ``sum_j W_ij phi(q_{j,p})^T z_j + eps``, where
+``q_{j,p}`` is the query at the reading query's in-block position ``p`` of block ``j``
+(``normaliser='official'``): each block's normaliser is paired with another block's
+query, so the weights of a query's keys do not sum to one. The default keeps the form
+whose numerator and normaliser come from the same query, a weighted mean of the values
+for positive mixing weights (equal values in, that value out), which a Softmax
+initialisation relies on; ``'official'`` reproduces the authors' module (with
+``attn_norm``, ``qk_norm``, their block layout (:data:`OFFICIAL_IMAGENET`) and
+``qkv_bias=False``).
 """
 import math
 from typing import NamedTuple
@@ -24,6 +35,18 @@ from ...utils.tracing import is_tracing
 from .base import BaseAttention, float32_state, register_attention
 
 MIXING_INITS = ('linear', 'cos')
+NORMALISERS = ('consistent', 'official')
+
+# The operator arguments of the authors' ImageNet ViTs (``deit_*_pla_1d_v6_6`` with the
+# training script's ``piece_size=4 transform=linear``): 16 blocks of 4 x 4 patches on the
+# 16 x 16 grid of a 256 px input (their ViT zero-pads 224 px images to 256), a LayerNorm
+# of the operator's own, RMSNorm of queries and keys, no qkv bias, the shifted
+# normaliser. ``relu(x) + 1e-6`` features and ``eps=1e-6`` are this module's defaults;
+# ``qkv_bias=False`` is given beside (in a LinearViT it is the arch's ``qkv_bias``).
+# ``block_size`` is left to follow the grid, so the same model runs at other resolutions
+# (dense tasks); on the 16 x 16 grid the blocks are 4 x 4 either way.
+OFFICIAL_IMAGENET = dict(num_blocks=(4, 4), mixing_init='linear', normaliser='official',
+                         attn_norm=True, qk_norm=True)
 
 
 class BlockLayout(NamedTuple):
@@ -31,7 +54,7 @@ class BlockLayout(NamedTuple):
 
     The block count is fixed by the module and the block size follows the grid
     (``ceil(H / rows) x ceil(W / cols)``), so the mixing matrix keeps its meaning at any
-    resolution. The grid is zero-padded at the bottom and right up to
+    resolution, unless the module fixes the block size too. The grid is zero-padded at the bottom and right up to
     ``padded_h x padded_w``.
     """
 
@@ -96,15 +119,15 @@ def _dense(t):
     return t.clone(memory_format=torch.contiguous_format) if is_tracing() else t.contiguous()
 
 
-def _pair(num_blocks):
-    if isinstance(num_blocks, int):
-        num_blocks = (num_blocks, num_blocks)
-    if (not isinstance(num_blocks, (tuple, list)) or len(num_blocks) != 2
+def _pair(value, name='num_blocks', axes='(rows, cols)'):
+    if isinstance(value, int):
+        value = (value, value)
+    if (not isinstance(value, (tuple, list)) or len(value) != 2
             or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
-                       for n in num_blocks)):
-        raise ValueError(f'num_blocks must be a positive int or a pair (rows, cols) of positive '
-                         f'ints, got {num_blocks!r}')
-    return tuple(num_blocks)
+                       for n in value)):
+        raise ValueError(f'{name} must be a positive int or a pair {axes} of positive '
+                         f'ints, got {value!r}')
+    return tuple(value)
 
 
 @register_attention('mhla')
@@ -137,8 +160,15 @@ class MultiHeadLinearAttention(BaseAttention):
 
     Args:
         num_blocks (int | tuple[int, int]): block layout ``(rows, cols)``, fixed for
-            every resolution. The paper's ImageNet setting is four 7 x 7 blocks on the
-            14 x 14 grid of a 224 px image, i.e. ``(2, 2)``.
+            every resolution (the mixing matrix is ``M x M``). The authors' ImageNet
+            models use 16 blocks of 4 x 4 patches, ``(4, 4)``, on the 16 x 16 grid of a
+            224 px image zero-padded to 256 px (:data:`OFFICIAL_IMAGENET`); the default
+            ``(2, 2)`` is four 7 x 7 blocks on the 14 x 14 grid of a 224 px image.
+        block_size (int | tuple[int, int], optional): ``None`` (default): the blocks'
+            size follows the grid, ``ceil(H / rows) x ceil(W / cols)``. A pair
+            ``(block_h, block_w)`` fixes it, as the authors' module does (their
+            ``window_size``): the layout then covers ``rows * block_h x cols * block_w``
+            tokens, a smaller grid is zero-padded to it and a larger one is refused.
         mixing_init (str): distance transform for the initial mixing matrix, see
             :func:`distance_mixing_matrix`. ``'linear'`` is what the public ImageNet
             training recipe uses.
@@ -149,17 +179,34 @@ class MultiHeadLinearAttention(BaseAttention):
         feature_floor (float): ``phi(x) = relu(x) + feature_floor`` for queries and
             keys; the public code uses 1e-6, which keeps every real key's weight
             positive. 0 gives plain relu.
-        qk_norm (bool): RMSNorm over the channels of queries and keys before the
-            feature map, as in the public code's ViTs. Off by default so weights
-            copied from a Softmax checkpoint keep their meaning.
+        qk_norm (bool): RMSNorm (``q_norm``, ``k_norm``: PyTorch's, over all ``C``
+            channels, before the head split) of queries and keys before the feature map,
+            as in the authors' ViTs. Off by default so weights copied from a Softmax
+            checkpoint keep their meaning.
+        attn_norm (bool): a LayerNorm of the operator's own (``norm``, PyTorch's default
+            eps 1e-5) applied to its input before ``qkv``, as in the authors' module,
+            whose blocks therefore normalise twice (the block's ``ln1``, then ``norm``).
+            The values the convolution reads come from the normalised input too.
+        normaliser (str): ``'consistent'`` (default) or ``'official'``, see the module
+            docstring. Under ``'official'`` a position that is padding in block ``j``
+            (a grid that does not fill the layout) holds no query and adds nothing to
+            the normaliser of the queries at that position in other blocks; the authors'
+            module never pads (its grid is fixed). Extra tokens are global under both:
+            a patch query adds ``phi(q_t)^T z_extra`` to its normaliser.
+
+    A Softmax checkpoint carries neither norm: ``norm``, ``q_norm`` and ``k_norm`` then keep
+    their init, weight 1 and bias 0 (the identity affine; the normalisation itself stays).
+    With ``qk_norm`` the query's RMS scale cancels between numerator and normaliser (up to
+    the feature floor); the key's rescales each key's weight.
     """
 
     uses_cls_token = False
     bound_fraction_target = .75
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 rope=None, layer_scale_init_value=0., num_blocks=(2, 2), mixing_init='linear',
-                 value_kernel_size=5, eps=1e-6, feature_floor=1e-6, qk_norm=False):
+                 rope=None, layer_scale_init_value=0., num_blocks=(2, 2), block_size=None,
+                 mixing_init='linear', value_kernel_size=5, eps=1e-6, feature_floor=1e-6,
+                 qk_norm=False, attn_norm=False, normaliser='consistent'):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                          proj_drop=proj_drop, rope=rope,
                          layer_scale_init_value=layer_scale_init_value)
@@ -172,11 +219,18 @@ class MultiHeadLinearAttention(BaseAttention):
                              f'got {eps}')
         if not feature_floor >= 0:
             raise ValueError(f'feature_floor must be >= 0, got {feature_floor}')
+        if normaliser not in NORMALISERS:
+            raise ValueError(f'unknown normaliser {normaliser!r}; valid choices are: '
+                             f'{", ".join(NORMALISERS)}')
         self.num_blocks = _pair(num_blocks)
+        self.block_size = (None if block_size is None
+                           else _pair(block_size, 'block_size', '(block_h, block_w)'))
+        self.normaliser = normaliser
         self.mixing_init = mixing_init
         self.eps = eps
         self.feature_floor = feature_floor
 
+        self.norm = nn.LayerNorm(embed_dims) if attn_norm else nn.Identity()
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.q_norm = nn.RMSNorm(embed_dims) if qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(embed_dims) if qk_norm else nn.Identity()
@@ -191,6 +245,14 @@ class MultiHeadLinearAttention(BaseAttention):
         if H < 1 or W < 1:
             raise ValueError(f'the patch grid must be at least 1x1, got {H}x{W}')
         rows, cols = self.num_blocks
+        if self.block_size is not None:
+            block_h, block_w = self.block_size
+            if H > rows * block_h or W > cols * block_w:
+                raise ValueError(f'a {H}x{W} grid does not fit the fixed layout of {rows}x{cols} '
+                                 f'blocks of {block_h}x{block_w} tokens (at most '
+                                 f'{rows * block_h}x{cols * block_w}); use block_size=None to '
+                                 f'let the blocks grow with the grid')
+            return BlockLayout(rows, cols, block_h, block_w)
         # ceil division on non-negative operands: ONNX divides integers towards zero, so
         # the -(-H // rows) form would floor instead in an exported graph
         return BlockLayout(rows, cols, (H + rows - 1) // rows, (W + cols - 1) // cols)
@@ -270,20 +332,28 @@ class MultiHeadLinearAttention(BaseAttention):
         if none).
 
         ``layout`` is :meth:`block_layout` of ``hw_shape``. One copy each takes the patch
-        queries with keys, and the values, to block-major head layout. The normaliser rides
-        along with the numerator: ``z_b = phi(K_b)^T 1`` is appended to ``S_b`` as an extra
-        column, so one ``M x M`` mixing and one query product produce both
-        ``phi(q)^T sum_j W_ij S_j`` and ``phi(q)^T sum_j W_ij z_j``. With RoPE the summary
-        column is built from rotated keys and read by the rotated query, the normaliser
-        column by the plain one (two query products).
+        queries with keys, and the values, to block-major head layout. Under the consistent
+        normaliser it rides along with the numerator: ``z_b = phi(K_b)^T 1`` is appended to
+        ``S_b`` as an extra column, so one ``M x M`` mixing and one query product produce
+        both ``phi(q)^T sum_j W_ij S_j`` and ``phi(q)^T sum_j W_ij z_j``. With RoPE the
+        summary column is built from rotated keys and read by the rotated query, the
+        normaliser column by the plain one (two query products). The official normaliser
+        reads ``phi(q_{j,p})^T z_j`` in every block first and mixes those ``(M, T)`` numbers.
         """
         B = v.shape[0]
         h, d = self.num_heads, self.head_dims
         out_dtype = v.dtype
+        consistent = self.normaliser == 'consistent'
 
         def heads(t, tokens, parts):
             """``(B, N, parts*C)`` -> ``(parts, B, h, tokens, d)`` view of those tokens."""
             return t[:, tokens].reshape(B, -1, parts, h, d).permute(2, 0, 3, 1, 4)
+
+        def summaries(keys, summary_keys, values):
+            """``S`` ``(..., d, d)`` and ``z`` ``(..., d)``; under the consistent normaliser
+            one ``(..., d, d + 1)`` state with ``z`` as its last column."""
+            summary, z = summary_keys.transpose(-2, -1) @ values, keys.sum(dim=-2)
+            return torch.cat([summary, z.unsqueeze(-1)], dim=-1) if consistent else summary, z
 
         patches = slice(num_extra, None)
         with torch.autocast(device_type=v.device.type, enabled=False):
@@ -292,43 +362,57 @@ class MultiHeadLinearAttention(BaseAttention):
                 self._to_blocks(heads(v, patches, 1), hw_shape, layout).squeeze(0),
                 self.block_mixing)                                          # v: (B, h, M, T, d)
             q_blocks, k_blocks = self._stacked_features(qk_blocks).unbind(0)
-            if layout.pads(hw_shape):
+            padded = layout.pads(hw_shape)
+            if padded:
                 # Padded keys would add the feature floor to the normalisers.
-                k_blocks = k_blocks * self._padding_mask(hw_shape, layout, k_blocks.device,
-                                                         k_blocks.dtype)
+                real = self._padding_mask(hw_shape, layout, k_blocks.device, k_blocks.dtype)
+                k_blocks = k_blocks * real
             rotation = self._block_rotation(hw_shape, layout, k_blocks)
             summary_keys = k_blocks if rotation is None else rotation.rotate(k_blocks)
-            state = torch.cat([summary_keys.transpose(-2, -1) @ v_blocks,
-                               k_blocks.sum(dim=-2).unsqueeze(-1)], dim=-1)  # (B, h, M, d, d+1)
+            state, z = summaries(k_blocks, summary_keys, v_blocks)  # (B, h, M, d, d[+1])
             # A batched (M x M) @ (M x d(d+1)) product; a plain 2-D @ would be run
             # transposed, with copies in and out.
             mixing = mixing.expand(B, h, *mixing.shape)
-            mixed = (mixing @ state.flatten(-2)).unflatten(-1, (d, d + 1))
+            mixed = (mixing @ state.flatten(-2)).unflatten(-1, state.shape[-2:])
             if num_extra:
                 extras = slice(0, num_extra)
                 qk_extra, v_extra = float32_state(heads(qk, extras, 2),
                                                   heads(v, extras, 1).squeeze(0))
                 q_extra, k_extra = self._stacked_features(qk_extra).unbind(0)
-                extra_state = torch.cat([k_extra.transpose(-2, -1) @ v_extra,
-                                         k_extra.sum(dim=-2).unsqueeze(-1)], dim=-1)
+                extra_state, extra_z = summaries(k_extra, k_extra, v_extra)
                 # Extra tokens are global: added unmixed to what every block reads.
                 mixed = mixed + extra_state.unsqueeze(2)
-            if rotation is None:
+            read_q = q_blocks if rotation is None else rotation.rotate(q_blocks)
+            if consistent and rotation is None:
                 numerator, normaliser = (q_blocks @ mixed).split([d, 1], dim=-1)
-            else:
-                numerator = rotation.rotate(q_blocks) @ mixed[..., :d]
+            elif consistent:
+                numerator = read_q @ mixed[..., :d]
                 normaliser = q_blocks @ mixed[..., d:]
+            else:
+                numerator = read_q @ mixed
+                own = (q_blocks @ z.unsqueeze(-1)).squeeze(-1)             # (B, h, M, T)
+                if padded:
+                    # a padded position holds no query to pair with other blocks
+                    own = own * real.squeeze(-1)
+                normaliser = (mixing @ own).unsqueeze(-1)
+                if num_extra:
+                    normaliser = normaliser + q_blocks @ extra_z[:, :, None, :, None]
             out = self._blocks_to_tokens(numerator / (normaliser + self.eps), hw_shape, layout)
             if num_extra:
                 # Extra queries read the unmixed sum over every token.
-                numerator, normaliser = (q_extra @ (state.sum(dim=2) + extra_state)).split(
-                    [d, 1], dim=-1)
+                total = state.sum(dim=2) + extra_state
+                if consistent:
+                    numerator, normaliser = (q_extra @ total).split([d, 1], dim=-1)
+                else:
+                    numerator = q_extra @ total
+                    normaliser = q_extra @ (z.sum(dim=2) + extra_z).unsqueeze(-1)
                 out_extra = self.merge_heads(numerator / (normaliser + self.eps))
         return out.to(out_dtype), out_extra.to(out_dtype) if num_extra else None
 
     def forward(self, x, hw_shape):
         num_extra = self.num_extra_tokens(x, hw_shape)
         layout = self.block_layout(hw_shape)  # rejects an empty grid before any work
+        x = self.norm(x)
         # split rather than slicing: its backward concatenates the gradients instead of
         # zero-filling a qkv-sized one per slice
         qk, values = self.qkv(x).split([2 * self.embed_dims, self.embed_dims], dim=-1)
@@ -348,26 +432,79 @@ class MultiHeadLinearAttention(BaseAttention):
     # block reshaping, feature helper or convolution kernel), so a fault in one form
     # shows up as a disagreement with the other.
 
+    def _reference_block_shape(self, hw_shape):
+        """``(block_h, block_w)`` for ``hw_shape``; refuses a grid the fixed layout cannot hold."""
+        H, W = hw_shape
+        rows, cols = self.num_blocks
+        if self.block_size is None:
+            return -(-H // rows), -(-W // cols)
+        if H > rows * self.block_size[0] or W > cols * self.block_size[1]:
+            raise ValueError(f'a {H}x{W} grid does not fit the fixed layout of {rows}x{cols} '
+                             f'blocks of {self.block_size[0]}x{self.block_size[1]} tokens')
+        return self.block_size
+
+    def _reference_positions(self, hw_shape, num_extra):
+        """Per token: whether it is a patch, its row, column and block (blocks row-major)."""
+        H, W = hw_shape
+        block_h, block_w = self._reference_block_shape(hw_shape)
+        token = torch.arange(num_extra + H * W, device=self.block_mixing.device)
+        patch = token >= num_extra
+        position = (token - num_extra).clamp(min=0)
+        row, col = position // W, position % W
+        return patch, row, col, (row // block_h) * self.num_blocks[1] + col // block_w
+
     def reference_mixing_weights(self, hw_shape, num_extra=0):
         """``(N, N)`` factor on ``phi(q_t)^T phi(k_s)``: ``W[block(t), block(s)]`` between
         patch tokens, 1 wherever an extra token is involved.
 
         A patch token at row ``r`` and column ``c`` lies in block
-        ``(r // ceil(H / rows)) * cols + c // ceil(W / cols)`` (blocks row-major, the last
-        row or column of blocks shorter, or empty, when a side does not divide).
+        ``(r // block_h) * cols + c // block_w`` (blocks row-major, the last row or column
+        of blocks shorter, or empty, when a side does not fill the layout), with
+        ``block_h x block_w`` the fixed ``block_size`` or ``ceil(H / rows) x ceil(W / cols)``.
         """
-        H, W = hw_shape
-        rows, cols = self.num_blocks
-        block_h, block_w = -(-H // rows), -(-W // cols)
-        device = self.block_mixing.device
-        token = torch.arange(num_extra + H * W, device=device)
-        patch = token >= num_extra
-        position = (token - num_extra).clamp(min=0)
-        row, col = position // W, position % W
-        block = (row // block_h) * cols + col // block_w
+        patch, _, _, block = self._reference_positions(hw_shape, num_extra)
         both_patches = patch[:, None] & patch[None, :]
         mixed = self.block_mixing[block[:, None], block[None, :]]
         return torch.where(both_patches, mixed, torch.ones_like(mixed))
+
+    def reference_partners(self, hw_shape, num_extra=0):
+        """``(N, N)`` index of the query the official normaliser pairs with key ``s`` for
+        query ``t``: the token of ``s``'s block at ``t``'s in-block position when both are
+        patches (``-1`` where that position is off the grid), else ``t`` itself.
+
+        Query ``t`` at ``(r, c)`` and a key in block ``(I, J)`` of ``block_h x block_w``
+        tokens pair with the token at ``(I * block_h + r % block_h, J * block_w + c % block_w)``.
+        """
+        H, W = hw_shape
+        block_h, block_w = self._reference_block_shape(hw_shape)
+        patch, row, col, block = self._reference_positions(hw_shape, num_extra)
+        cols = self.num_blocks[1]
+        partner_row = (block[None, :] // cols) * block_h + (row % block_h)[:, None]
+        partner_col = (block[None, :] % cols) * block_w + (col % block_w)[:, None]
+        partner = num_extra + partner_row * W + partner_col
+        on_grid = (partner_row < H) & (partner_col < W)
+        partner = torch.where(on_grid, partner, torch.full_like(partner, -1))
+        both_patches = patch[:, None] & patch[None, :]
+        own = torch.arange(len(patch), device=patch.device)[:, None].expand_as(partner)
+        return torch.where(both_patches, partner, own)
+
+    def _reference_norms(self, x):
+        """``attn_norm``'s LayerNorm by its formula, ``(x - mean) / sqrt(var + eps) * w + b``
+        (biased variance over the channels); ``x`` unchanged without it."""
+        if not isinstance(self.norm, nn.LayerNorm):
+            return x
+        mean = x.mean(dim=-1, keepdim=True)
+        variance = ((x - mean)**2).mean(dim=-1, keepdim=True)
+        return (x - mean) / torch.sqrt(variance + self.norm.eps) * self.norm.weight + self.norm.bias
+
+    @staticmethod
+    def _reference_rms(norm, t):
+        """RMSNorm by its formula, ``t / sqrt(mean(t^2) + eps) * w`` (PyTorch's eps ``None``
+        is the dtype's machine epsilon); ``t`` unchanged for an identity."""
+        if not isinstance(norm, nn.RMSNorm):
+            return t
+        eps = torch.finfo(t.dtype).eps if norm.eps is None else norm.eps
+        return t / torch.sqrt((t * t).mean(dim=-1, keepdim=True) + eps) * norm.weight
 
     def _reference_value_conv(self, values, hw_shape, num_extra):
         """The depthwise value convolution as a sum over the kernel's taps, zero for the
@@ -391,12 +528,15 @@ class MultiHeadLinearAttention(BaseAttention):
     def forward_reference(self, x, hw_shape):
         """The same operator as explicit sums over every pair of tokens, O(N^2):
 
-            out_t = sum_s A_ts v_s / (sum_s W_ts phi(q_t)^T phi(k_s) + eps),
+            out_t = sum_s A_ts v_s / (sum_s W_ts phi(q_u)^T phi(k_s) + eps),
             A_ts = W_ts (R_t phi(q_t))^T (R_s phi(k_s)),
 
         with ``W`` from :meth:`reference_mixing_weights`, ``phi(x) = relu(x) +
-        feature_floor`` and ``R_t`` the token's RoPE matrix (identity without RoPE and for
-        extra tokens), then the value convolution and the output projection.
+        feature_floor``, ``R_t`` the token's RoPE matrix (identity without RoPE and for
+        extra tokens) and ``u = t`` under the consistent normaliser, ``u`` the partner of
+        :meth:`reference_partners` under the official one (a missing partner reads zero);
+        then the value convolution and the output projection. ``attn_norm`` and ``qk_norm``
+        are applied by their formulas.
         """
         B, N, C = x.shape
         H, W = hw_shape
@@ -406,8 +546,8 @@ class MultiHeadLinearAttention(BaseAttention):
         if H < 1 or W < 1:
             raise ValueError(f'the patch grid must be at least 1x1, got {H}x{W}')
         h, d = self.num_heads, self.head_dims
-        q, k, values = self.qkv(x).chunk(3, dim=-1)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k, values = self.qkv(self._reference_norms(x)).chunk(3, dim=-1)
+        q, k = self._reference_rms(self.q_norm, q), self._reference_rms(self.k_norm, k)
         out_dtype = values.dtype
         # the state sums of the fast form run in float32 at least; so does this form
         compute_dtype = torch.promote_types(out_dtype, torch.float32)
@@ -416,7 +556,13 @@ class MultiHeadLinearAttention(BaseAttention):
                        for t in (q, k, values))                             # (B, h, N, d)
             phi_q, phi_k = (torch.where(t > 0, t, 0.) + self.feature_floor for t in (q, k))
             weights = self.reference_mixing_weights(hw_shape, num_extra).to(compute_dtype)
-            normaliser = torch.einsum('ts,bhtc,bhsc->bht', weights, phi_q, phi_k)
+            if self.normaliser == 'official':
+                # index -1 (no partner) reads an appended zero query
+                padded_q = torch.cat([phi_q, phi_q.new_zeros(B, h, 1, d)], dim=2)
+                paired = padded_q[:, :, self.reference_partners(hw_shape, num_extra)]
+                normaliser = torch.einsum('ts,bhtsc,bhsc->bht', weights, paired, phi_k)
+            else:
+                normaliser = torch.einsum('ts,bhtc,bhsc->bht', weights, phi_q, phi_k)
             if self.rope is None:
                 rot_q, rot_k = phi_q, phi_k
             else:
@@ -432,16 +578,21 @@ class MultiHeadLinearAttention(BaseAttention):
     def core_macs(self, num_tokens, hw_shape):
         # per padded token: its key-value outer product and the query read-out (d^2 per
         # head each), the normaliser sum and read; the M x M mixing of every block's state;
-        # RoPE on the (padded) patch tokens' features
+        # RoPE on the (padded) patch tokens' features. The official normaliser mixes the
+        # per-block products (M x M by M x T per head) instead of a (d + 1)-th state column.
         C, d = self.embed_dims, self.head_dims
         layout = self.block_layout(hw_shape)
         num_extra = num_tokens - hw_shape[0] * hw_shape[1]
         padded_patches = layout.num_blocks * layout.block_h * layout.block_w
         padded = num_extra + padded_patches
-        return (2 * padded * C * d + 2 * padded * C + layout.num_blocks**2 * C * (d + 1)
-                + self.rotation_macs(padded_patches))
+        if self.normaliser == 'official':
+            mixing = layout.num_blocks**2 * C * d + layout.num_blocks * padded_patches * self.num_heads
+        else:
+            mixing = layout.num_blocks**2 * C * (d + 1)
+        return 2 * padded * C * d + 2 * padded * C + mixing + self.rotation_macs(padded_patches)
 
     def extra_repr(self):
-        return (f'{super().extra_repr()}, num_blocks={self.num_blocks}, '
-                f'mixing_init={self.mixing_init!r}, eps={self.eps}, '
-                f'feature_floor={self.feature_floor}')
+        block_size = '' if self.block_size is None else f', block_size={self.block_size}'
+        return (f'{super().extra_repr()}, num_blocks={self.num_blocks}{block_size}, '
+                f'mixing_init={self.mixing_init!r}, normaliser={self.normaliser!r}, '
+                f'eps={self.eps}, feature_floor={self.feature_floor}')

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from linvit_mm.models.attention import MultiHeadLinearAttention, build_attention
-from linvit_mm.models.attention.mhla import distance_mixing_matrix
+from linvit_mm.models.attention.mhla import OFFICIAL_IMAGENET, distance_mixing_matrix
 from linvit_mm.testing import assert_rel_close, rel_error
 
 EMBED_DIMS, NUM_HEADS = 24, 3
@@ -93,6 +93,14 @@ OPTIONS = {
     'rect_3x2_kernel1': dict(num_blocks=(3, 2), value_kernel_size=1),
     'one_block': dict(num_blocks=1),
     'two_extra': dict(),
+    'attn_norm': dict(attn_norm=True),
+    'official_normaliser': dict(normaliser='official'),
+    'official_normaliser_two_extra': dict(normaliser='official'),
+    'official_normaliser_rope': dict(normaliser='official', rope=ROPES['eva']),
+    'official_all_switches_4x4': dict(OFFICIAL_IMAGENET, qkv_bias=False),
+    'fixed_block_size_padded': dict(num_blocks=(3, 2), block_size=(4, 4)),
+    'fixed_block_size_official': dict(num_blocks=(3, 2), block_size=(4, 5),
+                                      normaliser='official'),
 }
 
 
@@ -100,7 +108,7 @@ OPTIONS = {
 def test_fast_matches_reference_options(option, tokens, assert_matches_reference):
     module = make(**OPTIONS[option])
     hw = (10, 7)
-    x = tokens(hw, 2 if option == 'two_extra' else 0)
+    x = tokens(hw, 2 if option.endswith('two_extra') else 0)
     assert_every_parameter_learns(assert_matches_reference(module, x, hw))
 
 
@@ -152,6 +160,31 @@ def test_reference_mixing_weights_follow_a_hand_written_block_table(hw, table, n
         for s, block_s in enumerate(block):
             expected[num_extra + t, num_extra + s] = mixing[block_t, block_s]
     assert torch.equal(module.reference_mixing_weights(hw, num_extra).detach(), expected)
+
+
+# Official-normaliser partners on the 5 x 3 grid of BLOCKS_5x3 (blocks of 3 x 2 tokens, the
+# right and bottom ones short): for query t, the index of the query at t's in-block
+# position in the block of each key s (-1: that position is off the grid).
+PARTNERS_5x3 = {
+    0: [0, 0, 2, 0, 0, 2, 0, 0, 2, 9, 9, 11, 9, 9, 11],          # (0, 0)
+    7: [7, 7, -1, 7, 7, -1, 7, 7, -1, -1, -1, -1, -1, -1, -1],   # (2, 1)
+    13: [4, 4, -1, 4, 4, -1, 4, 4, -1, 13, 13, -1, 13, 13, -1],  # (4, 1)
+}
+
+
+@pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
+def test_reference_partners_follow_a_hand_written_table(num_extra):
+    module = make(num_blocks=(2, 2), normaliser='official')
+    partners = module.reference_partners((5, 3), num_extra)
+    n = num_extra + 15
+    assert partners.shape == (n, n)
+    for query, row in PARTNERS_5x3.items():
+        expected = [num_extra + p if p >= 0 else -1 for p in row]
+        assert partners[num_extra + query, num_extra:].tolist() == expected, query
+    if num_extra:
+        # pairs with the extra token pair with the reading query itself
+        assert partners[0].tolist() == [0] * n
+        assert partners[:, 0].tolist() == list(range(n))
 
 
 @pytest.mark.parametrize('num_extra', [0, 2], ids=['no_cls', 'two_extra'])
