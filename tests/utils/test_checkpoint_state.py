@@ -171,3 +171,31 @@ def test_stand_ins_work_only_inside_the_loader(tmp_path):
     with torch.serialization.safe_globals(list(policy._run_checkpoint_globals())):
         with pytest.raises(Exception, match='restored only inside'):
             torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+
+
+def write_pickle(path, pkl):
+    """A ``torch.save`` archive whose pickle is ``pkl``."""
+    import zipfile
+    template = io.BytesIO()
+    torch.save({}, template)
+    with zipfile.ZipFile(template) as src, zipfile.ZipFile(path, 'w') as dst:
+        for name in src.namelist():
+            dst.writestr(name, pkl if name.endswith('/data.pkl') else src.read(name))
+
+
+HISTORY_BUFFER = b'cmmengine.logging.history_buffer\nHistoryBuffer\n'
+
+
+@pytest.mark.parametrize('pkl, reason', [
+    # HistoryBuffer(...) called as a constructor instead of restored from its state
+    (b'\x80\x02' + HISTORY_BUFFER + b')R.', r'refusing to call .*HistoryBuffer\(\.\.\.\)'),
+    (b'\x80\x02' + HISTORY_BUFFER + b'K\x01\x85\x81.', 'created with arguments'),
+    # getattr reaches the four statistics only, not other public attributes
+    (b'\x80\x02c__builtin__\ngetattr\n' + HISTORY_BUFFER + b'X\x06\x00\x00\x00update\x86R.',
+     r"refusing getattr\(HistoryBuffer, 'update'\)"),
+], ids=['called', 'newobj_with_arguments', 'getattr_update'])
+def test_history_buffer_is_only_restored_from_state(tmp_path, statistics_table, pkl, reason):
+    write_pickle(tmp_path / 'crafted.pth', pkl)
+    with pytest.raises(policy.UnsafeCheckpointError, match=reason):
+        policy.load_checkpoint_file(tmp_path / 'crafted.pth')
+    assert HistoryBuffer._statistics_methods == statistics_table
