@@ -1,0 +1,350 @@
+"""Released linear-attention ViTs as LinearViT checkpoints: conversion and a strict loader.
+
+A Softmax transfer reads a Softmax ViT and leaves every operator-specific tensor at its
+init; a released *linear* ViT already holds trained ones, so it is converted instead, tensor
+for tensor, into the LinearViT that computes the official forward:
+
+==============  ======================  =========  ==========================================
+release         repository              operator   arch words (sizes)
+==============  ======================  =========  ==========================================
+ViT³-T/S/B      LeapLabTHU/ViTTT        ``ttt``    ``vit3-tiny`` (192, 6 heads),
+                                                   ``vit3-small`` (384, 6), ``vit3-base``
+                                                   (768, 12); no class token, no position
+                                                   embedding, mean of the final-normed tokens
+InLine-DeiT-T   LeapLabTHU/InLine       ``inline`` ``inline-deit-tiny`` (192, 6 heads),
+/S/B                                    residual   ``inline-deit-small`` (320, 10),
+                                        on         ``inline-deit-base`` (384, 12); class
+                                                   token and learned position embedding
+==============  ======================  =========  ==========================================
+
+Every tensor of the release must have a place (an unknown one is refused by name, nothing
+is dropped), and the model it is loaded into must have a tensor of the same shape for each
+and no other (:func:`load_linear_release` refuses missing, unexpected and reshaped tensors
+by name before anything is copied). The sizes come from the tensors (width and patch size
+from the patch embedding, depth from the blocks, heads from ``attn.w1`` (ViT³) or the
+grouped ``attn.residual.0`` conv (InLine), MLP width from ``fc1``), the arch word from the
+sizes where one fits. The family is told by
+:func:`linvit_mm.transfer.linear_sources.detect_linear_source`.
+"""
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional
+
+import torch
+
+from .linear_sources import detect_linear_source
+
+__all__ = ['LinearRelease', 'LINEAR_RELEASES', 'ConvertedRelease', 'release_state_dict',
+           'convert_linear_release', 'build_release_vit', 'load_linear_release',
+           'converted_checkpoint']
+
+# The classifier, under the names of mmpretrain's VisionTransformerClsHead (the head of
+# linvit_mm's classifier configs).
+HEAD_KEYS = {'head.weight': 'head.layers.head.weight', 'head.bias': 'head.layers.head.bias'}
+
+_TIMM_BLOCK = {
+    'norm1.weight': 'ln1.weight', 'norm1.bias': 'ln1.bias',
+    'attn.qkv.weight': 'attn.qkv.weight', 'attn.qkv.bias': 'attn.qkv.bias',
+    'attn.proj.weight': 'attn.proj.weight', 'attn.proj.bias': 'attn.proj.bias',
+    'norm2.weight': 'ln2.weight', 'norm2.bias': 'ln2.bias',
+    'mlp.fc1.weight': 'ffn.layers.0.0.weight', 'mlp.fc1.bias': 'ffn.layers.0.0.bias',
+    'mlp.fc2.weight': 'ffn.layers.1.weight', 'mlp.fc2.bias': 'ffn.layers.1.bias',
+}
+_TIMM_TOP = {
+    'patch_embed.proj.weight': 'patch_embed.projection.weight',
+    'patch_embed.proj.bias': 'patch_embed.projection.bias',
+    'norm.weight': 'ln1.weight', 'norm.bias': 'ln1.bias',
+}
+
+
+def _vit3_heads(state, embed_dims):
+    return state['blocks.0.attn.w1'].shape[1]
+
+
+def _inline_heads(state, embed_dims):
+    # residual.0 is Conv1d(C, C, 1, groups=heads): its weight is (C, C / heads, 1).
+    return embed_dims // state['blocks.0.attn.residual.0.weight'].shape[1]
+
+
+@dataclass(frozen=True)
+class LinearRelease:
+    """One released layout.
+
+    Attributes:
+        name: the family's name, as :func:`detect_linear_source` gives it.
+        description: what it is, for messages.
+        repository: where its official code is.
+        attn_type: the LinearViT operator, and ``attn_cfg`` its arguments.
+        arch_words: arch word -> its sizes ``(embed_dims, num_heads)`` (depth 12, MLP 4x).
+        top: release name -> LinearViT name of the tensors outside the blocks.
+        block: name inside ``blocks.N`` -> name inside ``layers.N``.
+        num_heads: the head count from the state dict and the width.
+        heads_from: the tensor ``num_heads`` reads (named in errors).
+    """
+    name: str
+    description: str
+    repository: str
+    attn_type: str
+    arch_words: Mapping[str, tuple]
+    top: Mapping[str, str]
+    block: Mapping[str, str]
+    num_heads: Callable[[Mapping[str, torch.Tensor], int], int]
+    heads_from: str
+    attn_cfg: Mapping = field(default_factory=dict)
+
+
+LINEAR_RELEASES = OrderedDict(
+    vit3=LinearRelease(
+        name='vit3', description='ViT³', repository='LeapLabTHU/ViTTT', attn_type='ttt',
+        arch_words={'vit3-tiny': (192, 6), 'vit3-small': (384, 6), 'vit3-base': (768, 12)},
+        top=_TIMM_TOP,
+        # The block's cpe (before norm1) is the ttt operator's encode_position.
+        block=dict(_TIMM_BLOCK, **{'cpe.weight': 'attn.cpe.weight', 'cpe.bias': 'attn.cpe.bias',
+                                   'attn.w1': 'attn.w1', 'attn.w2': 'attn.w2',
+                                   'attn.w3': 'attn.w3'}),
+        num_heads=_vit3_heads, heads_from='blocks.0.attn.w1'),
+    inline=LinearRelease(
+        name='inline', description='InLine-DeiT', repository='LeapLabTHU/InLine',
+        attn_type='inline', attn_cfg=dict(residual=True),
+        arch_words={'inline-deit-tiny': (192, 6), 'inline-deit-small': (320, 10),
+                    'inline-deit-base': (384, 12)},
+        top=dict(_TIMM_TOP, cls_token='cls_token', pos_embed='pos_embed'),
+        block=dict(_TIMM_BLOCK, **{f'attn.residual.{i}.{p}': f'attn.residual.{i}.{p}'
+                                   for i in (0, 2) for p in ('weight', 'bias')}),
+        num_heads=_inline_heads, heads_from='blocks.0.attn.residual.0.weight'),
+)
+
+
+@dataclass
+class ConvertedRelease:
+    """A release in LinearViT's names.
+
+    Attributes:
+        release: its layout.
+        backbone: the LinearViT state dict (no prefix).
+        head: the classifier under ``head.layers.head.*`` (empty if the release has none).
+        model_cfg: the LinearViT that computes the official forward (a config dict).
+        notes: what the conversion did that a user should hear about.
+    """
+    release: LinearRelease
+    backbone: Dict[str, torch.Tensor]
+    head: Dict[str, torch.Tensor]
+    model_cfg: dict
+    notes: List[str]
+
+
+def release_state_dict(checkpoint):
+    """The model tensors of a loaded release file: the official trainers save
+    ``{'model': state_dict, 'optimizer': ..., ...}``; a bare state dict and one under
+    ``state_dict`` are taken too, and a ``module.`` prefix (DistributedDataParallel) is
+    dropped."""
+    if not isinstance(checkpoint, Mapping):
+        raise TypeError(f'a release checkpoint is a mapping, got {type(checkpoint).__name__}')
+    for container in ('model', 'state_dict'):
+        if isinstance(checkpoint.get(container), Mapping):
+            checkpoint = checkpoint[container]
+            break
+    state = OrderedDict((key, value) for key, value in checkpoint.items()
+                        if torch.is_tensor(value))
+    if not state:
+        raise ValueError('the checkpoint holds no tensors (looked at the top level, under '
+                         "'model' and under 'state_dict')")
+    if all(key.startswith('module.') for key in state):
+        state = OrderedDict((key[len('module.'):], value) for key, value in state.items())
+    return state
+
+
+def _find_release(state, family):
+    if family is not None:
+        if family not in LINEAR_RELEASES:
+            raise ValueError(f'unknown release family {family!r}; the converter reads '
+                             f'{", ".join(LINEAR_RELEASES)}')
+        return LINEAR_RELEASES[family]
+    match = detect_linear_source(state)
+    if match is None:
+        raise ValueError('the checkpoint is not one of a released linear ViT (no tensor of '
+                         f'{", ".join(r.description for r in LINEAR_RELEASES.values())}); '
+                         'a Softmax ViT is transferred with SoftmaxTransfer instead')
+    if match.source.name not in LINEAR_RELEASES:
+        raise ValueError(f'the checkpoint is a {match.source.description} checkpoint '
+                         f'({match.describe()}), which this converter does not read (it '
+                         f'reads {", ".join(LINEAR_RELEASES)}); {match.source.instead}')
+    return LINEAR_RELEASES[match.source.name]
+
+
+def _sizes(state, release):
+    """``(arch, img_size, qkv_bias)`` from the tensors; the arch is a word where the sizes
+    are one's."""
+    for key in ('patch_embed.proj.weight', 'blocks.0.mlp.fc1.weight', release.heads_from):
+        if key not in state:
+            raise ValueError(f'the {release.description} checkpoint has no {key}, which its '
+                             f'layout always has; is it cut short?')
+    patch = state['patch_embed.proj.weight']
+    if patch.dim() != 4 or patch.shape[2] != patch.shape[3]:
+        raise ValueError(f'patch_embed.proj.weight has shape {tuple(patch.shape)}; a square '
+                         f'patch conv (C, in, p, p) was expected')
+    embed_dims, patch_size = patch.shape[0], patch.shape[2]
+    blocks = sorted({int(m.group(1)) for key in state
+                     for m in [re.match(r'blocks\.(\d+)\.', key)] if m})
+    if blocks != list(range(len(blocks))):
+        raise ValueError(f'the blocks of the checkpoint are numbered {blocks}, not 0..N-1')
+    num_heads = int(release.num_heads(state, embed_dims))
+    if num_heads <= 0 or embed_dims % num_heads:
+        raise ValueError(f'{release.heads_from} of shape '
+                         f'{tuple(state[release.heads_from].shape)} gives {num_heads} heads, '
+                         f'which do not divide the width {embed_dims}')
+    ffn = state['blocks.0.mlp.fc1.weight'].shape[0]
+    arch = dict(embed_dims=int(embed_dims), num_layers=len(blocks), num_heads=num_heads,
+                feedforward_channels=int(ffn))
+    word = next((word for word, (width, heads) in release.arch_words.items()
+                 if arch == dict(embed_dims=width, num_layers=12, num_heads=heads,
+                                 feedforward_channels=4 * width)), None)
+    if word is not None and patch_size == 16:
+        arch = word
+    else:
+        arch['patch_size'] = int(patch_size)
+        if release.name == 'vit3':
+            arch['pos_embed_type'] = 'none'
+    img_size = 224
+    if 'pos_embed' in state:
+        patches = state['pos_embed'].shape[1] - 1     # one class token slot
+        side = int(round(patches**.5))
+        if side * side != patches:
+            raise ValueError(f'pos_embed has shape {tuple(state["pos_embed"].shape)}: not a '
+                             f'class token slot and a square grid')
+        img_size = side * int(patch_size)
+    return arch, img_size, 'blocks.0.attn.qkv.bias' in state
+
+
+def convert_linear_release(checkpoint, family=None):
+    """A release's tensors in LinearViT's names, and the LinearViT config that computes its
+    forward.
+
+    Args:
+        checkpoint (Mapping): the loaded release file (see :func:`release_state_dict`).
+        family (str, optional): ``'vit3'`` or ``'inline'``; None: told from the keys.
+
+    Returns:
+        ConvertedRelease
+
+    Raises:
+        ValueError: not a release this converter reads, or a tensor without a place (all
+            such named), or sizes that do not fit together.
+    """
+    state = release_state_dict(checkpoint)
+    release = _find_release(state, family)
+    arch, img_size, qkv_bias = _sizes(state, release)
+    backbone, head, unplaced = OrderedDict(), OrderedDict(), []
+    for key, value in state.items():
+        block = re.match(r'^blocks\.(\d+)\.(.+)$', key)
+        if block and block.group(2) in release.block:
+            backbone[f'layers.{block.group(1)}.{release.block[block.group(2)]}'] = value
+        elif key in release.top:
+            backbone[release.top[key]] = value
+        elif key in HEAD_KEYS:
+            head[HEAD_KEYS[key]] = value
+        else:
+            unplaced.append(key)
+    if unplaced:
+        raise ValueError(f'the {release.description} checkpoint holds tensors that have no '
+                         f'place in its layout ({release.repository}): {", ".join(unplaced)}; '
+                         f'nothing was converted')
+    model_cfg = dict(type='LinearViT', arch=arch, attn_type=release.attn_type,
+                     img_size=img_size)
+    if release.attn_cfg:
+        model_cfg['attn_cfg'] = dict(release.attn_cfg)
+    if not qkv_bias:
+        model_cfg['qkv_bias'] = False
+    notes = []
+    if not head:
+        notes.append('no classifier (head.weight / head.bias) in the checkpoint')
+    return ConvertedRelease(release, backbone, head, model_cfg, notes)
+
+
+def build_release_vit(converted):
+    """The LinearViT of ``converted.model_cfg`` (its init; load with
+    :func:`load_linear_release`)."""
+    from linvit_mm.models.backbones import LinearViT
+    kwargs = {k: v for k, v in converted.model_cfg.items() if k != 'type'}
+    return LinearViT(**kwargs)
+
+
+def _operator_problems(vit, release):
+    problems = []
+    wrong = [i for i, name in enumerate(vit.attn_types) if name != release.attn_type]
+    if wrong:
+        problems.append(f'blocks {wrong} run {sorted({vit.attn_types[i] for i in wrong})}, '
+                        f'the release runs {release.attn_type!r} in every block')
+    if release.name == 'inline':
+        off = [i for i, layer in enumerate(vit.layers)
+               if getattr(layer.attn, 'residual', None) is None]
+        if off and not wrong:
+            problems.append(f"blocks {off} have no local residual branch (attn_cfg=dict("
+                            f"residual=True)), which the release's blocks use")
+    return problems
+
+
+def load_linear_release(vit, checkpoint, family=None, logger='current'):
+    """Load a release into the LinearViT ``vit`` strictly: every tensor of ``vit`` from
+    the release, every tensor of the release into ``vit``, shapes equal, the release's
+    operator in every block; all problems named before anything is copied.
+
+    Args:
+        vit (LinearViT): the model (e.g. from :func:`build_release_vit`).
+        checkpoint (Mapping | ConvertedRelease): a loaded release file, or its conversion.
+        family (str, optional): see :func:`convert_linear_release`.
+
+    Returns:
+        ConvertedRelease: the conversion that was loaded.
+    """
+    from mmengine.logging import print_log
+
+    from linvit_mm.models.backbones import LinearViT
+    if not isinstance(vit, LinearViT):
+        raise TypeError(f'a release loads into a LinearViT, got {type(vit).__name__}')
+    converted = (checkpoint if isinstance(checkpoint, ConvertedRelease)
+                 else convert_linear_release(checkpoint, family))
+    release, state = converted.release, converted.backbone
+    problems = _operator_problems(vit, release)
+    expected = vit.state_dict()
+    missing = [key for key in expected if key not in state]
+    unexpected = [key for key in state if key not in expected]
+    reshaped = [f'{key}: release {tuple(state[key].shape)}, model {tuple(expected[key].shape)}'
+                for key in state if key in expected and state[key].shape != expected[key].shape]
+    if missing:
+        problems.append('tensors of the model the release does not have: ' + ', '.join(missing))
+    if unexpected:
+        problems.append('tensors of the release the model does not have: '
+                        + ', '.join(unexpected))
+    if reshaped:
+        problems.append('shapes that differ: ' + '; '.join(reshaped))
+    if problems:
+        raise ValueError(f'the {release.description} release does not fit the model, nothing '
+                         f'was loaded (the model that fits: {converted.model_cfg}):\n  - '
+                         + '\n  - '.join(problems))
+    from .formats import refuse_non_finite
+    refuse_non_finite(state, {}, f'the {release.description} release')
+    vit.load_state_dict(state, strict=True)
+    print_log(f'loaded the {release.description} release ({release.repository}): '
+              f'{len(state)} tensors into a {release.attn_type} LinearViT'
+              + ''.join(f'; {note}' for note in converted.notes), logger=logger)
+    return converted
+
+
+def converted_checkpoint(converted, vit=None):
+    """The converted release as a linvit_mm checkpoint: ``backbone.*`` and the classifier
+    ``head.layers.head.*`` under ``state_dict``, and the record of the ViT (its operator per
+    block, heads, sizes) under ``meta['linvit_mm']``, so ``LinearViTCheckpoint`` loads it
+    strictly. ``vit`` (built and loaded here when None) is the model the record describes."""
+    from linvit_mm.staged.record import RECORD_KEY, describe_linear_vit
+    if vit is None:
+        vit = build_release_vit(converted)
+        load_linear_release(vit, converted)
+    state = OrderedDict((f'backbone.{key}', value) for key, value in converted.backbone.items())
+    state.update(converted.head)
+    record = dict(backbones={'backbone.': describe_linear_vit(vit)},
+                  converted_from=dict(release=converted.release.name,
+                                      repository=converted.release.repository,
+                                      model=converted.model_cfg))
+    return dict(state_dict=state, meta={RECORD_KEY: record})
