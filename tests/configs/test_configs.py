@@ -239,6 +239,14 @@ def run_aligner(cfg, softmax_checkpoint, staged_checkpoints):
 def shrink_adapter(cfg, checkpoint):
     backbone = cfg.model.backbone
     shrink_vit(backbone.vit, DENSE_ARCH)
+    if backbone.type.endswith('LinearViTPlainPyramid'):
+        # of the recipe's windowed blocks, those the shrunk ViT has
+        windowed = backbone.vit.get('window_block_indexes')
+        if windowed is not None:
+            backbone.vit.window_block_indexes = [i for i in windowed
+                                                 if i < DENSE_ARCH['num_layers']]
+        backbone.update(pretrained=checkpoint)
+        return
     backbone.update(interaction_indexes=[[0, 0], [1, 1], [2, 2], [3, 3]], deform_num_heads=2,
                     deform_ratio=1.0, conv_inplane=8, pretrained=checkpoint)
 

@@ -17,8 +17,11 @@ or any process that imported ``linvit_mm``, read those). The names, by folder:
 * classification/imagenet: ``linvit-{op}-{size}_{setting}[-distill]_32xb128_in1k``
 * classification/transfer: ``linvit-{op}-{size}_{setting}[-distill]_8xb64_{set}``
 * classification/robustness: ``linvit-{op}-{size}_32xb128_in1k-{test set}``
-* detection: ``mask-rcnn_linvit-adapter-{op}-{size}_fpn_1x_coco``
-* segmentation: ``upernet_linvit-adapter-{op}-{size}_8xb2-160k_ade20k-512x512``
+* detection: ``mask-rcnn_linvit-adapter-{op}-{size}[_{setting}[-distill]]_fpn_1x_coco``
+  (ViT-Adapter) and ``mask-rcnn_linvit-{op}-{size}_plain[_{setting}[-distill]]_fpn_1x_coco``
+  (the plain ViT with a simple pyramid, the paper's protocol)
+* segmentation: ``upernet_linvit-adapter-{op}-{size}[_{setting}[-distill]]_8xb2-160k_ade20k-512x512``
+  and ``upernet_linvit-{op}-{size}_plain[_{setting}[-distill]]_8xb2-160k_ade20k-512x512``
 
 ``op`` is any registered attention operator, or ``{op}-hybrid``: that operator with Softmax
 attention in the first and last blocks (``attn_type=dict(default=op, softmax=[0, -1])``:
@@ -27,7 +30,10 @@ blocks 0 and 11 of the 12 of every size; ``HYBRID_SOFTMAX_BLOCKS``); ``setting``
 ``set`` and ``test set`` whatever has a base in ``configs/`` (a size is a DeiT size,
 ``small``, or a foundation-model source, ``dinov2-small``, whose bases carry its arch word
 and release). A detector or segmenter starts from the ImageNet stage of its operator and
-size, ``fullcopy-distill`` (``fullcopy`` for softmax, which has no teacher to learn from).
+size, ``fullcopy-distill`` (``fullcopy`` for softmax, which has no teacher to learn from),
+or the ImageNet stage its name gives (``_mlpcopy``, ``_random-distill``, ...). A plain-ViT
+Softmax detector runs 14 x 14 windows in the blocks of ``PLAIN_SOFTMAX_WINDOWS`` (as
+ViT-Adapter's plain ViT-B does); every other plain detector and every segmenter is global.
 
 ``--check`` compares every config of those folders with what this script writes for its
 name and exits with 1 naming each one that differs (the test suite runs it).
@@ -48,6 +54,12 @@ TRANSFER_BASE = 'classification/transfer/_base_/8xb64_{}.py'
 ROBUSTNESS_BASE = '_base_/datasets/imagenet_robustness_224.py'
 DETECTION_BASE = 'detection/_base_/mask-rcnn_linvit-adapter-{}_fpn_1x_coco.py'
 SEGMENTATION_BASE = 'segmentation/_base_/upernet_linvit-adapter-{}_8xb2-160k_ade20k-512x512.py'
+DETECTION_PLAIN_BASE = 'detection/_base_/mask-rcnn_linvit-plain-{}_fpn_1x_coco.py'
+SEGMENTATION_PLAIN_BASE = 'segmentation/_base_/upernet_linvit-plain-{}_8xb2-160k_ade20k-512x512.py'
+# ViT-Adapter's plain ViT-B Mask R-CNN: 14 x 14 windows in 8 of the 12 blocks, global in
+# 2, 5, 8, 11 (ViTDet style). A windowed linear detector is the same two arguments given
+# to its vit (configs/detection/README.md).
+PLAIN_SOFTMAX_WINDOWS = dict(window_size=14, window_block_indexes=[0, 1, 3, 4, 6, 7, 9, 10])
 # The epoch tools/train.py's last ImageNet checkpoint is named after (the recipe's 300).
 IMAGENET_EPOCHS = 300
 _OP = r'(?P<op>[a-z0-9_]+)(?P<hybrid>-hybrid)?'
@@ -59,6 +71,8 @@ HYBRID_SOFTMAX_BLOCKS = (0, -1)
 # A size base's name: a DeiT size (small) or a foundation-model source's (dinov2-small).
 _SIZE = r'(?P<size>[a-z0-9]+(?:-[a-z0-9]+)*)'
 _SETTING = r'(?P<setting>[a-z0-9]+)(?P<distill>-distill)?'
+# The ImageNet stage a dense config starts from, when not the default one.
+_STAGE = rf'(?:_{_SETTING})?'
 
 
 class Family:
@@ -140,22 +154,28 @@ def robustness(p):
     ]
 
 
-def dense(base):
+def dense(base, windows=None):
+    """The render of a dense family on ``base``; ``windows``: the vit arguments of its
+    Softmax models (not of hybrids, whose Softmax blocks are the ends)."""
 
     def render(p):
-        stage = imagenet_stage(p['op'], p['size'], p['hybrid'])
+        stage = imagenet_stage(p['op'], p['size'], p['hybrid'], p.get('setting'),
+                               p.get('distill'))
+        extra = []
+        if windows and p['op'] == 'softmax' and not p.get('hybrid'):
+            extra = [f'{key}={value!r}' for key, value in windows.items()]
         return [base.format(p['size'])], [
             '# The ImageNet-stage checkpoint: what tools/train.py writes for',
             f'#   configs/classification/imagenet/{stage}.py',
             f"linvit_checkpoint = 'work_dirs/{stage}/epoch_{IMAGENET_EPOCHS}.pth'",
-            *_dense_model(p),
+            *_dense_model(p, extra),
         ]
 
     return render
 
 
-def _dense_model(p):
-    args = attn_args(p)
+def _dense_model(p, extra=()):
+    args = attn_args(p) + list(extra)
     if len(args) == 1 and not p.get('hybrid'):
         return [f'model = dict(backbone=dict(vit=dict({args[0]}), pretrained=linvit_checkpoint))']
     return ['model = dict(', '    backbone=dict(', f'        vit={_dict(args, 8)},',
@@ -177,17 +197,27 @@ FAMILIES = (
     Family('classification/robustness',
            rf'linvit-{_OP}-{_SIZE}_32xb128_in1k-(?P<testset>[a-z0-9]+)', robustness,
            {'size': SIZE_BASE, 'testset': robustness_sets}),
-    Family('detection', rf'mask-rcnn_linvit-adapter-{_OP}-{_SIZE}_fpn_1x_coco',
+    Family('detection', rf'mask-rcnn_linvit-adapter-{_OP}-{_SIZE}{_STAGE}_fpn_1x_coco',
            dense(DETECTION_BASE), {'size': DETECTION_BASE}),
-    Family('segmentation', rf'upernet_linvit-adapter-{_OP}-{_SIZE}_8xb2-160k_ade20k-512x512',
+    Family('segmentation',
+           rf'upernet_linvit-adapter-{_OP}-{_SIZE}{_STAGE}_8xb2-160k_ade20k-512x512',
            dense(SEGMENTATION_BASE), {'size': SEGMENTATION_BASE}),
+    Family('detection', rf'mask-rcnn_linvit-{_OP}-{_SIZE}_plain{_STAGE}_fpn_1x_coco',
+           dense(DETECTION_PLAIN_BASE, PLAIN_SOFTMAX_WINDOWS), {'size': DETECTION_PLAIN_BASE}),
+    Family('segmentation',
+           rf'upernet_linvit-{_OP}-{_SIZE}_plain{_STAGE}_8xb2-160k_ade20k-512x512',
+           dense(SEGMENTATION_PLAIN_BASE), {'size': SEGMENTATION_PLAIN_BASE}),
 )
 
 
-def imagenet_stage(op, size, hybrid=None):
+def imagenet_stage(op, size, hybrid=None, setting=None, distill=None):
     """The ImageNet config whose checkpoint a detector or segmenter of ``op`` (``hybrid``:
-    ``'-hybrid'`` or None) starts from."""
-    setting = 'fullcopy' if op == 'softmax' else 'fullcopy-distill'
+    ``'-hybrid'`` or None) starts from: ``setting`` (``distill``: ``'-distill'`` or None),
+    by default FullCopy with distillation (without for softmax)."""
+    if setting is None:
+        setting = 'fullcopy' if op == 'softmax' else 'fullcopy-distill'
+    else:
+        setting += distill or ''
     return f'linvit-{op}{hybrid or ""}-{size}_{setting}_32xb128_in1k'
 
 
@@ -250,7 +280,7 @@ def _base_path(base, out_dir):
 
 def grid_configs():
     """The configs in the repository that this script writes (every file of its folders)."""
-    return sorted(path for family in FAMILIES for path in (CONFIGS / family.folder).glob('*.py'))
+    return sorted({path for family in FAMILIES for path in (CONFIGS / family.folder).glob('*.py')})
 
 
 def check(paths=None):

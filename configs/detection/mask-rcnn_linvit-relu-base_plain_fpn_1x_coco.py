@@ -1,0 +1,6 @@
+_base_ = './_base_/mask-rcnn_linvit-plain-base_fpn_1x_coco.py'
+
+# The ImageNet-stage checkpoint: what tools/train.py writes for
+#   configs/classification/imagenet/linvit-relu-base_fullcopy-distill_32xb128_in1k.py
+linvit_checkpoint = 'work_dirs/linvit-relu-base_fullcopy-distill_32xb128_in1k/epoch_300.pth'
+model = dict(backbone=dict(vit=dict(attn_type='relu'), pretrained=linvit_checkpoint))
