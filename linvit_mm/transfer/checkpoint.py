@@ -12,9 +12,11 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .families import Architecture, FAMILIES, family_heads, read_architecture, resolve_family
-from .formats import KNOWN_FORMATS, find_encoder, read_source, refuse_non_finite
+from .formats import (KNOWN_FORMATS, find_encoder, read_source, refuse_non_finite,
+                      refuse_non_float)
 from .inference import check_num_heads, infer_layout, infer_num_heads
 from .key_maps import map_keys, place_pooled_norm
+from .linear_sources import refuse_linear_source
 from .releases import RELEASES
 
 __all__ = ['SoftmaxCheckpoint', 'load_softmax_checkpoint', 'KNOWN_FORMATS']
@@ -170,8 +172,12 @@ def load_softmax_checkpoint(path_or_state, map_location='cpu', fc_norm_target='l
 
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: the file is not a weights-only PyTorch checkpoint, its layout is not
-            one of :data:`KNOWN_FORMATS`, a tensor it maps holds NaN or Inf,
+        ValueError: the file is not a weights-only PyTorch checkpoint, it is a
+            linear-attention ViT's (ViT³, InLine, MHLA, LoLCATs / Hedgehog maps, a
+            LinearViT of a linear operator: see
+            :func:`~linvit_mm.transfer.linear_sources.detect_linear_source`), its layout
+            is not one of :data:`KNOWN_FORMATS`, a tensor it maps is not floating point
+            (an integer or boolean weight) or holds NaN or Inf,
             ``num_heads`` does not fit, or ``family`` is unknown or does not fit.
         TypeError: ``path_or_state`` is neither a path nor a mapping.
     """
@@ -180,8 +186,10 @@ def load_softmax_checkpoint(path_or_state, map_location='cpu', fc_norm_target='l
     if num_heads is not None:
         check_num_heads(num_heads, None)
     raw, where = read_source(path_or_state, map_location)
+    refuse_linear_source(raw, where)
     encoder = find_encoder(raw, where)
     state_dict, origins, unused_groups, notes = map_keys(encoder.state, encoder.key_map)
+    refuse_non_float(state_dict, origins, where)
     refuse_non_finite(state_dict, origins, where)
     notes = encoder.notes + notes
     place_pooled_norm(state_dict, fc_norm_target, notes)

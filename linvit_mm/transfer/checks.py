@@ -5,6 +5,10 @@
 - The architecture: what a copied component computes depends on switches no tensor shape
   of it shows (RoPE, registers, LayerScale, the MLP type, a pre-norm, a qkv bias, the patch
   size); checkpoint and model must agree on each one a selected component depends on.
+- What the checkpoint's tensors cannot show: the MLP activation of a CLIP checkpoint
+  (QuickGELU for OpenAI's, GELU for OpenCLIP's, in identical tensors) is warned about.
+- Unknown tensors: a checkpoint tensor that has no counterpart in a Softmax ViT is copied
+  by no setting; :func:`unknown_tensors` lists them for the report's warning.
 - Completeness: every selected component the module has must come from the checkpoint, and
   wholly. A component is judged per block for the block components (``attention``,
   ``mlp``, ``norms``) and as a whole for the norms outside the blocks and the other
@@ -16,9 +20,11 @@ from collections import OrderedDict
 from linvit_mm.models.attention import OWN_INIT, WHOLE, BaseAttention
 
 from .families import FAMILIES, read_architecture
+from .key_maps import UNMAPPED_GROUP
 from .settings import COMPONENTS, block_index, component_of
 
-__all__ = ['attention_operators', 'check_head_counts', 'check_architecture', 'check_complete']
+__all__ = ['attention_operators', 'check_head_counts', 'check_architecture', 'check_complete',
+           'check_activation', 'unknown_tensors']
 
 _MAX_LISTED_NAMES = 4
 _MAX_LISTED_PARTS = 5
@@ -198,6 +204,57 @@ def _arch_word(ckpt):
                 and arch['num_layers'] == ckpt.depth):
             return word
     return None
+
+
+# --------------------------------------------------------------------- activation
+
+# Both CLIP arch words and the activation each one builds its MLP with.
+_CLIP_ACTIVATIONS = (('clip-base', 'QuickGELU', "OpenAI CLIP's"),
+                     ('clip-base-gelu', 'GELU', "OpenCLIP's (LAION, DataComp)"))
+
+
+def _mlp_activation(backbone):
+    layers = getattr(backbone, 'layers', None)
+    if not layers:
+        return None
+    return next((type(m).__name__ for m in layers[0].ffn.modules()
+                 if type(m).__name__ in ('GELU', 'QuickGELU', 'SiLU', 'ReLU')), None)
+
+
+def check_activation(module, ckpt, selected, prefix, warnings):
+    """Warn that a CLIP checkpoint's MLP activation is unknown when its MLP is copied.
+
+    OpenAI's CLIP and most of OpenCLIP's release the same tensors under the same names, and
+    no release layout records the activation (QuickGELU or GELU), so a copied MLP computes
+    the checkpoint's function only if the model's arch word is the right one of the two.
+    """
+    if ckpt is None or ckpt.family != 'clip' or 'mlp' not in selected:
+        return
+    activation = _mlp_activation(_backbone_of(module, prefix))
+    if activation is None:
+        return
+    words = ', '.join(f"{owner} with {act} (arch '{word}')"
+                      for word, act, owner in _CLIP_ACTIVATIONS)
+    other = next((word for word, act, _ in _CLIP_ACTIVATIONS if act != activation),
+                 'clip-base-gelu')
+    warnings.append(
+        f'a CLIP checkpoint does not show the activation its MLPs were trained with: '
+        f'{words} have identical tensors. The model uses {activation}; if the checkpoint '
+        f"was trained with the other, its copied MLPs compute another function: build the "
+        f"model with arch='{other}' then")
+
+
+# --------------------------------------------------------------------- unknown tensors
+
+
+def unknown_tensors(ckpt):
+    """The checkpoint's tensors (source names) that no key map knows: neither a Softmax
+    ViT's nor one left out for a known reason (a decoder, a text tower, a distillation
+    token, ...)."""
+    if ckpt is None:
+        return []
+    return [key for group, keys in ckpt.unused_groups.items()
+            if group == UNMAPPED_GROUP or group.startswith("mmpretrain '") for key in keys]
 
 
 # --------------------------------------------------------------------- completeness

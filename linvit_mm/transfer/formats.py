@@ -46,7 +46,8 @@ from linvit_mm.utils.checkpoint import UnsafeCheckpointError, load_checkpoint_fi
 from .key_maps import KEY_MAPS, TIMM_KEYS, UNMAPPED_GROUP, KeyMap, timm_key_map
 from .releases import RELEASES, find_release, merge_timm_variants
 
-__all__ = ['KNOWN_FORMATS', 'Encoder', 'read_source', 'find_encoder', 'refuse_non_finite']
+__all__ = ['KNOWN_FORMATS', 'Encoder', 'read_source', 'find_encoder', 'refuse_non_finite',
+           'refuse_non_float']
 
 # layout -> (what it looks like, the key map of its tensor names)
 _FORMATS = {
@@ -130,6 +131,21 @@ def _last_line(err):
 
 def _formats_text():
     return '\n'.join(f'  {name}: {desc}' for name, desc in KNOWN_FORMATS.items())
+
+
+def refuse_non_float(state, origins, where):
+    """Raise if a tensor that could be copied is not floating point: a copy would cast an
+    integer or boolean tensor into a weight (a damaged or quantised file, not a ViT's)."""
+    bad = [name for name, tensor in state.items() if not tensor.is_floating_point()]
+    if not bad:
+        return
+    listed = [f'{name}' + (f' ({origins[name]})' if origins.get(name, name) != name else '')
+              + f': {state[name].dtype}' for name in bad[:_MAX_NAMED]]
+    more = f'\n  ... and {len(bad) - _MAX_NAMED} more' if len(bad) > _MAX_NAMED else ''
+    raise ValueError(f'{where}: {len(bad)} weight tensor(s) are not floating point:\n  '
+                     + '\n  '.join(listed) + f'{more}\nA copy would cast them into the '
+                     f'model\'s floating-point weights. Refused before anything is copied; '
+                     f'use the checkpoint in the precision it was trained in.')
 
 
 def refuse_non_finite(state, origins, where):

@@ -49,6 +49,9 @@ def format_transfer_report(report, module_name='module'):
     for key in ('absent in checkpoint', 'not in model'):
         if report[key]:
             lines.append(f'{key}: {_names(report[key])}')
+    if report.get('unknown in checkpoint'):
+        lines.append(f"unknown in checkpoint, not copied: "
+                     f"{_names(report['unknown in checkpoint'])}")
     for text, names in _names_by_value(report['partial']).items():
         lines.append(f'partly copied ({text}): {_names(names)}')
     lines += [f'note: {note}' for note in report['notes']]

@@ -32,6 +32,7 @@ Rules:
   checkpoint's ``cls_token`` / ``pos_embed`` as "not in model".
 """
 import logging
+import re
 from collections import OrderedDict
 
 import torch
@@ -41,8 +42,8 @@ from linvit_mm.models.attention import LEADING_ROWS, OWN_INIT, WHOLE
 
 from .analytic import IMPULSE_DEFAULTS, MIMETIC_DEFAULTS, impulse_init, mimetic_init
 from .checkpoint import SoftmaxCheckpoint, load_softmax_checkpoint
-from .checks import (attention_operators, check_architecture, check_complete,
-                     check_head_counts)
+from .checks import (attention_operators, check_activation, check_architecture,
+                     check_complete, check_head_counts, unknown_tensors)
 from .report import REPORT_STATUSES, format_transfer_report
 from .settings import COMPONENTS, block_index, component_of, is_softmax_tensor, resolve_setting
 
@@ -106,12 +107,16 @@ def transfer_softmax_weights(module, checkpoint=None, setting=None, components=N
         per component, ``{block index (None outside the blocks): [names absent in the
         checkpoint]}`` (only with ``allow_partial``); ``'num_heads'``: the checkpoint's
         head count (None if unknown) and the model operators' counts; ``'notes'``;
-        ``'warnings'`` (also logged at WARNING level).
+        ``'unknown in checkpoint'``: the checkpoint's tensors (source names) that have no
+        counterpart in a Softmax ViT and no known reason to be left out, copied by no
+        setting (also a warning); ``'warnings'`` (also logged at WARNING level): unknown
+        tensors, a CLIP checkpoint's unknown MLP activation, partial copies, ...
 
     Raises:
         ValueError: unknown setting or component, both or neither given, a checkpoint
             missing for a copying setting, a checkpoint that does not fit the model (shapes,
-            depth, head count of copied attention), a selected component the checkpoint
+            depth, head count of copied attention), a selected tensor that is not floating
+            point (an integer weight is not cast), a selected component the checkpoint
             lacks, one it holds in part (without ``allow_partial``), Mimetic / Impulse on an
             operator without a QK^T form. Nothing is copied then.
         FileNotFoundError: the checkpoint path does not exist.
@@ -134,6 +139,10 @@ def transfer_softmax_weights(module, checkpoint=None, setting=None, components=N
                      f'read')
 
     check_architecture(module, ckpt, selected, prefix, warnings)
+    check_activation(module, ckpt, selected, prefix, warnings)
+    unknown = unknown_tensors(ckpt)
+    if unknown:
+        warnings.append(_unknown_text(unknown))
     plan = _plan(module, ckpt, selected, prefix, notes)
     heads = check_head_counts(module, ckpt, selected, notes, warnings)
     in_part = check_complete(module, ckpt, plan, _describe(setting, selected), selected, prefix,
@@ -155,7 +164,8 @@ def transfer_softmax_weights(module, checkpoint=None, setting=None, components=N
 
     report = _build_report(status, plan['not_in_model'], plan['partial'], prefix, setting,
                            selected, analytic, ckpt, notes)
-    report.update({'copied in part': in_part, 'num_heads': heads, 'warnings': warnings})
+    report.update({'copied in part': in_part, 'num_heads': heads, 'warnings': warnings,
+                   'unknown in checkpoint': unknown})
     print_log(format_transfer_report(report, type(module).__name__), logger=logger)
     for warning in warnings:
         print_log(f'Softmax weight transfer into {type(module).__name__}: {warning}',
@@ -164,6 +174,22 @@ def transfer_softmax_weights(module, checkpoint=None, setting=None, components=N
 
 
 # --------------------------------------------------------------------------- inputs
+
+
+def _unknown_text(unknown):
+    where = [f'{key} ({_place(key)})' if _place(key) else key for key in unknown]
+    return (f'{len(unknown)} tensor(s) of the checkpoint are unknown to the transfer (no '
+            f'counterpart in a Softmax ViT) and are not copied, whatever the setting; a '
+            f'copied component they belong to computes without them:\n  '
+            + '\n  '.join(where))
+
+
+def _place(key):
+    match = re.search(r'(?:^|\.)(?:blocks|layers)\.(\d+)\.(attn\.)?', key)
+    if match is None:
+        return None
+    return f"inside block {match.group(1)}'s attention" if match.group(2) else \
+        f'inside block {match.group(1)}'
 
 
 def _describe(setting, selected):
@@ -233,7 +259,7 @@ def _plan(module, ckpt, selected, prefix, notes):
         ckpt_tensors = OrderedDict((name[len(prefix):], value)
                                    for name, value in ckpt.state_dict.items()
                                    if name.startswith(prefix))
-    copies, status, partial, mismatches = [], OrderedDict(), OrderedDict(), []
+    copies, status, partial, mismatches, not_float = [], OrderedDict(), OrderedDict(), [], []
     found = OrderedDict()
     module_components = {component_of(prefix + rel) for rel in model_tensors
                          if is_softmax_tensor(prefix + rel)}
@@ -263,6 +289,9 @@ def _plan(module, ckpt, selected, prefix, notes):
             status[rel] = ('absent in checkpoint', None)
             continue
         source = ckpt_tensors[rel]
+        if not source.is_floating_point():
+            not_float.append(f'{full}: {source.dtype}')
+            continue
         if fill == LEADING_ROWS and target.shape != source.shape:
             if _differs_in_rows_only(source, target) and source.shape[0] < target.shape[0]:
                 rows = source.shape[0]
@@ -296,6 +325,14 @@ def _plan(module, ckpt, selected, prefix, notes):
     not_in_model = [rel for rel in ckpt_tensors
                     if rel not in model_tensors and component_of(prefix + rel) in selected]
 
+    if not_float:
+        raise ValueError(
+            f'the checkpoint ({ckpt.source_format} layout) holds {len(not_float)} selected '
+            f'tensor(s) that are not floating point, which a copy would cast into the '
+            f'{type(module).__name__}\'s weights:\n  '
+            + '\n  '.join(not_float[:_MAX_LISTED_MISMATCHES])
+            + ('\n  ...' if len(not_float) > _MAX_LISTED_MISMATCHES else '')
+            + '\nNothing was copied. Use the checkpoint in the precision it was trained in.')
     depth_problem = _depth_problem(model_tensors, ckpt_tensors, selected, prefix)
     if mismatches or depth_problem:
         raise ValueError(_misfit_message(ckpt, module, mismatches, depth_problem))

@@ -134,7 +134,11 @@ def test_real_arch_words_read_the_timm_checkpoint_of_their_size(word):
     model = LinearViT(arch=word, attn_type='relu', img_size=224, **kwargs)
     report = transfer_softmax_weights(model, ckpt, setting='fullcopy')
     assert report['absent in checkpoint'] == [] and report['not in model'] == []
-    assert report['copied in part'] == {} and report['warnings'] == []
+    assert report['copied in part'] == {} and report['unknown in checkpoint'] == []
+    # a CLIP checkpoint's tensors do not show QuickGELU from GELU: said, never assumed
+    assert [w.split(':')[0] for w in report['warnings']] == (
+        ['a CLIP checkpoint does not show the activation its MLPs were trained with']
+        if word == 'clip-base' else [])
     copied = sum(model.state_dict()[name].numel() for name in report['copied'])
     assert copied == sum(p.numel() for p in source.parameters()) + (
         # EVA-02's key bias, zero in the checkpoint, is a parameter here
