@@ -52,7 +52,8 @@ def attention_types():
 
 def attention_class(attn_type):
     """The operator class registered as ``attn_type``; the error lists the valid names."""
-    operator = ATTENTIONS.get(attn_type) if isinstance(attn_type, str) else None
+    # mmengine's registry raises a bare 'Failed to get ' for an empty name
+    operator = ATTENTIONS.get(attn_type) if isinstance(attn_type, str) and attn_type else None
     # The registry also searches its parent (mmpretrain's models): only operators count.
     if not (isinstance(operator, type) and issubclass(operator, BaseAttention)):
         raise ValueError(f'unknown attention type {attn_type!r}; valid types are: '

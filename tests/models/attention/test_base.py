@@ -36,7 +36,8 @@ def test_traits_are_declared(attn_type):
     assert not hasattr(module, 'init_weights')  # the backbone's init reaches the linears
 
 
-@pytest.mark.parametrize('name', ['nope', None, 'VisionTransformer'])
+@pytest.mark.parametrize('name', ['nope', None, 'VisionTransformer', ''],
+                         ids=['unregistered', 'none', 'parent-registry', 'empty'])
 def test_unknown_attention_type_lists_valid_names(name):
     if name == 'VisionTransformer':
         # in the parent registry (mmpretrain's models), which lookups also search
@@ -45,6 +46,13 @@ def test_unknown_attention_type_lists_valid_names(name):
         build_attention(name, embed_dims=24, num_heads=3)
     for valid in OPERATORS:
         assert valid in str(info.value)
+
+
+def test_an_empty_attn_type_of_a_linear_vit_lists_valid_names():
+    with pytest.raises(ValueError, match="attn_type: unknown attention type ''; valid types "
+                       'are: softmax'):
+        LinearViT(arch=dict(embed_dims=24, num_layers=1, num_heads=3, feedforward_channels=48),
+                  attn_type='', img_size=16, patch_size=8)
 
 
 def test_build_attention_from_a_config_dict():
