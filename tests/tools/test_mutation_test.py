@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -159,8 +160,12 @@ def assert_intact(project):
     assert not (project / '__pycache__').exists()
 
 
-def test_kill_and_survivor(project, capsys):
-    rc, out = mutation_main(project, '--functions', 'add', 'sub')
+FORKED = pytest.mark.parametrize('runs', [[], ['--preload', 'json']], ids=['subprocess', 'forked'])
+
+
+@FORKED
+def test_kill_and_survivor(project, capsys, runs):
+    rc, out = mutation_main(project, '--functions', 'add', 'sub', *runs)
     assert rc == 0
     results = json.loads(out.read_text())
     by_line = {r['line']: r for r in results['results']}
@@ -177,9 +182,10 @@ def test_kill_and_survivor(project, capsys):
     assert_intact(project)
 
 
-def test_a_timeout_is_killed_and_the_module_restored(project):
+@FORKED
+def test_a_timeout_is_killed_and_the_module_restored(project, runs):
     # n - step -> n + step never ends
-    rc, out = mutation_main(project, '--lines', '11', '--timeout', '1')
+    rc, out = mutation_main(project, '--lines', '11', '--timeout', '1', *runs)
     assert rc == 0
     results = json.loads(out.read_text())
     assert [(r['line'], r['status']) for r in results['results']] == [(11, 'timeout')]
@@ -187,11 +193,22 @@ def test_a_timeout_is_killed_and_the_module_restored(project):
     assert_intact(project)
 
 
-def test_a_failing_baseline_is_refused(project, capsys):
+@FORKED
+def test_a_failing_baseline_is_refused(project, capsys, runs):
     (project / 'test_tiny.py').write_text(TESTS.format(total=6))
-    rc, out = mutation_main(project)
+    rc, out = mutation_main(project, *runs)
     assert rc == 2
     assert 'fail without any mutant' in capsys.readouterr().err
+    assert not out.exists()
+    assert_intact(project)
+
+
+def test_preloading_the_module_under_mutation_is_refused(project, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(project))
+    monkeypatch.delitem(sys.modules, 'tiny', raising=False)
+    rc, out = mutation_main(project, '--preload', 'tiny')
+    assert rc == 2
+    assert 'imports the module(s) under mutation (tiny)' in capsys.readouterr().err
     assert not out.exists()
     assert_intact(project)
 
