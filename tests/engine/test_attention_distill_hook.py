@@ -621,6 +621,16 @@ def test_teacher_that_does_not_fit_is_refused(attn_type, teacher, hook_kwargs, m
         set_up(attn_type, teacher_cfg(None, **teacher), **hook_kwargs)
 
 
+@pytest.mark.parametrize('layers, message', [
+    ([0, 0], r'layers \[0, 0\] name block\(s\) \[0\] more than once'),
+    ([1, -1, 0], r'layers \[1, -1, 0\] name block\(s\) \[1\] more than once \(negative '
+                 r'indices count from the end of the 2 blocks\)'),
+], ids=['repeated', 'negative-alias'])
+def test_a_block_listed_twice_is_refused(layers, message):
+    with pytest.raises(ValueError, match=message):
+        set_up('relu', teacher_cfg(None), layers=layers)
+
+
 def test_heads_are_checked_only_on_the_distilled_blocks():
     # the head count differs in every block; only block 1 is listed, only it is named
     with pytest.raises(ValueError) as error:

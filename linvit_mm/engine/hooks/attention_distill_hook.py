@@ -144,7 +144,8 @@ class AttentionDistillHook(Hook):
             terms of the following linear blocks already measure, and matching it anyway
             would train the Softmax attention to compensate for them instead of keeping the
             teacher's. List them here to match them too. A student that is Softmax
-            throughout matches every block. An empty list is refused.
+            throughout matches every block. An empty list is refused, and so is a block
+            listed twice (``[0, 0]``, or ``[11, -1]`` in 12 blocks).
         patch_tokens_only (bool, optional): compare patch tokens only. Forced on
             when the student has no class token (mhla, ttt).
         stop_epoch / stop_iter (int, optional): switch distillation off from this
@@ -250,7 +251,14 @@ class AttentionDistillHook(Hook):
         if bad:
             raise ValueError(f'layers {bad} are outside the {num_blocks} blocks of the student; '
                              f'use indices in [{-num_blocks}, {num_blocks - 1}]')
-        layer_ids = sorted({i % num_blocks for i in layer_ids})
+        blocks = [i % num_blocks for i in layer_ids]
+        twice = sorted({block for block in blocks if blocks.count(block) > 1})
+        if twice:
+            # as attn_type refuses them: a block listed twice is distilled once, not twice
+            raise ValueError(f'layers {list(layer_ids)} name block(s) {twice} more than once '
+                             f'(negative indices count from the end of the {num_blocks} '
+                             f'blocks); list each block once')
+        layer_ids = sorted(set(blocks))
 
         device = next(student.parameters()).device
         self.teacher = self.build_teacher(device)
