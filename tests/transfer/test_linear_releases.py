@@ -341,3 +341,12 @@ def test_a_softmax_vit_or_another_family_is_refused():
         convert_linear_release(mhla)
     with pytest.raises(ValueError, match="unknown release family 'vit4'"):
         convert_linear_release(softmax, family='vit4')
+
+
+def test_other_patch_size_gets_a_custom_arch():
+    """The T sizes with 8-pixel patches are not the released T: a custom arch dict that
+    carries the patch size (and, for ViT³, no position embedding)."""
+    state = release_state('vit3', width=192, heads=6, depth=12, mlp=768, patch=8, device='meta')
+    arch = convert_linear_release(state).model_cfg['arch']
+    assert arch == dict(embed_dims=192, num_layers=12, num_heads=6, feedforward_channels=768,
+                        patch_size=8, pos_embed_type='none')

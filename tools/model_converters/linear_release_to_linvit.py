@@ -1,0 +1,58 @@
+"""Convert a released linear-attention ViT (ViT³, InLine-DeiT) into a LinearViT checkpoint.
+
+    python tools/model_converters/linear_release_to_linvit.py SRC OUT [--family vit3|inline]
+
+The family is told from the keys unless ``--family`` names it. Every tensor of the release
+must have a place in the LinearViT that computes the official forward (an unknown or missing
+one is an error naming it, and nothing is written). The output holds ``backbone.*`` and the
+classifier ``head.layers.head.*`` with the record of the ViT, so it loads strictly with
+``init_cfg=dict(type='LinearViTCheckpoint', checkpoint=OUT)`` into the model the tool prints
+(docs/transfer.md, "Released linear ViTs").
+"""
+import argparse
+import sys
+
+from mmengine.runner.checkpoint import save_checkpoint
+
+import linvit_mm.engine  # noqa: F401  (the atomic_local file backend)
+from linvit_mm.staged import check_output_path, read_checkpoint
+from linvit_mm.transfer.linear_releases import (LINEAR_RELEASES, convert_linear_release,
+                                                converted_checkpoint)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description='Convert a released linear ViT (ViT^3, InLine-DeiT) into a LinearViT '
+        'checkpoint that LinearViTCheckpoint loads strictly.')
+    parser.add_argument('src', help='the release checkpoint')
+    parser.add_argument('out', help='where to write the LinearViT checkpoint')
+    parser.add_argument('--family', choices=list(LINEAR_RELEASES), default=None,
+                        help='the release family (default: told from the keys)')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        check_output_path(args.out, inputs=[args.src])
+        converted = convert_linear_release(read_checkpoint(args.src, what='release checkpoint'),
+                                           args.family)
+        checkpoint = converted_checkpoint(converted)
+    except (FileNotFoundError, ValueError) as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 1
+    save_checkpoint(checkpoint, args.out, backend_args=dict(backend='atomic_local'))
+    release = converted.release
+    cfg = dict(converted.model_cfg,
+               init_cfg=dict(type='LinearViTCheckpoint', checkpoint=args.out))
+    print(f'{release.description} ({release.repository}) -> {args.out}: '
+          f'{len(converted.backbone)} backbone tensors, '
+          f'{len(converted.head)} classifier tensors')
+    for note in converted.notes:
+        print(f'note: {note}')
+    print(f'backbone: {cfg}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
