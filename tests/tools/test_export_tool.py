@@ -100,6 +100,16 @@ def test_bad_arguments_are_refused(tool, argv, message, capsys):
     assert re.search(message, capsys.readouterr().err)
 
 
+def test_an_out_that_is_a_directory_is_refused_before_export(tool, tmp_path, capsys):
+    out = tmp_path / 'tiny.onnx'
+    out.mkdir()
+    with pytest.raises(SystemExit):
+        tool.main([str(TINY_CONFIG), '--format', 'onnx', '--shape', '32', '--out', str(out)])
+    assert f"--out '{out}' is a directory; give the file to write, e.g. {out}/model.onnx" \
+        in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [out] and list(out.iterdir()) == []
+
+
 def test_shape_off_the_patch_grid_is_refused_before_export(tool, tmp_path):
     with pytest.raises(ValueError, match=r'not a multiple of the patch size 8 \(sides \[36\]\)'):
         tool.main([str(TINY_CONFIG), '--format', 'onnx', '--shape', '32', '36', '--out',

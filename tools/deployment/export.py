@@ -75,6 +75,9 @@ def parse_args(argv=None):
     if len(args.shape) != 2 or min(args.shape) < 1:
         parser.error(f'--shape takes one or two positive sizes (H W), got {args.shape}')
     suffix = SUFFIXES[args.format]
+    if osp.isdir(args.out):
+        parser.error(f'--out {args.out!r} is a directory; give the file to write, e.g. '
+                     f'{osp.join(args.out, "model" + suffix)}')
     if not args.out.endswith(suffix):
         parser.error(f'--out {args.out!r}: a {args.format} file ends with {suffix}')
     if args.portable and args.format == 'onnx':
@@ -90,6 +93,8 @@ def parse_args(argv=None):
     out_dir = osp.dirname(osp.abspath(args.out))
     if not osp.isdir(out_dir):
         parser.error(f'--out {args.out!r}: the directory {out_dir} does not exist')
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        parser.error(f'--out {args.out!r}: the directory {out_dir} is not writable')
     return args
 
 
