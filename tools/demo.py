@@ -556,6 +556,7 @@ def bar_chart(top1, summary, attn_type, teacher_acc, num_val, path):
 
 # ----------------------------------------------------------------------------- main
 def parse_args(argv=None):
+    from linvit_mm.cpu_threads import usable_cores
     from linvit_mm.models.attention import attention_types
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--attn-type', default='relu', choices=attention_types(),
@@ -576,7 +577,7 @@ def parse_args(argv=None):
                         help="every recipe's optimiser steps, alignment steps included")
     parser.add_argument('--det-epochs', type=int, default=12)
     parser.add_argument('--seg-iters', type=int, default=400)
-    parser.add_argument('--jobs', type=int, default=min(2, os.cpu_count() or 1),
+    parser.add_argument('--jobs', type=int, default=min(2, usable_cores()),
                         help='transfer runs at a time, each on cores / jobs threads '
                         '(default: 2 where there are 2 cores or more)')
     parser.add_argument('--skip-dense', action='store_true', help='stop after classification')
@@ -603,6 +604,10 @@ def main(argv=None):
     sys.path.insert(0, REPO)
     args = parse_args(argv)
     started = time.time()
+    from linvit_mm.cpu_threads import shared_machine_note
+    note = shared_machine_note()
+    if note is not None:
+        log(note)
     work = osp.abspath(args.work_dir)
     data_root = osp.abspath(args.data_root)
     os.makedirs(work, exist_ok=True)
@@ -625,7 +630,7 @@ def main(argv=None):
     teacher, teacher_acc, timings['teacher'] = teacher_run[:3]
     log(f'    teacher: {teacher_acc:.2f}% top-1 on shapes (chance 16.7%)')
 
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    threads = max(1, usable_cores() // args.jobs)
     log(f'3/4 transfer into a {args.attn_type} ViT on shape groups (8 training images a group, '
         f'{num_val} for validation: one image is {points_per_image(num_val):.2f} points): '
         f'{len(args.recipes)} recipes x {len(args.seeds)} seeds, {args.transfer_iters} '

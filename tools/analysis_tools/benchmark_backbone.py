@@ -58,7 +58,18 @@ Example::
     python tools/analysis_tools/benchmark_backbone.py --device cuda --repeats 20
     python tools/analysis_tools/benchmark_backbone.py --operators softmax relu hedgehog \
         relu+softmax@0,11 --sizes 1024 2048
+    python tools/analysis_tools/benchmark_backbone.py --busy-neighbour
+
+Busy neighbour (``--busy-neighbour``)
+    The demo teacher stage's training step under the OpenMP policy of a plain script (torch
+    default), under the one linvit_mm's tools choose (``linvit_mm.cpu_threads``) and with one
+    thread, each idle and beside a single-threaded spinning process pinned to the last usable
+    CPU; each run in a fresh interpreter, since libgomp reads its variables when torch loads.
 """
+# Declared before the first import: linvit_mm, imported first, then chooses this process's
+# CPU threading before torch loads (see linvit_mm/cpu_threads.py; the user's variables win).
+LINVIT_MM_TOOL = True
+import linvit_mm  # noqa: E402,F401  isort: skip
 import argparse
 import csv
 import gc
@@ -76,7 +87,11 @@ import torch
 from linvit_mm.models.attention import attention_types
 from linvit_mm.models.backbones.hybrid import (describe_attn_types, parse_attn_spec,
                                                resolve_attn_types)
-from linvit_mm.utils.benchmark import parse_arch, quiet_mmengine_logs, synchronise
+from linvit_mm.cpu_threads import usable_cores, usable_cpus
+from linvit_mm.utils.benchmark import (NEIGHBOUR_STEP, NEIGHBOUR_STEPS, NEIGHBOUR_WARMUP,
+                                       format_neighbour_table, neighbour_policies, parse_arch,
+                                       quiet_mmengine_logs, run_neighbour_benchmark,
+                                       synchronise)
 from linvit_mm.utils.complexity import count_macs, patch_grid
 
 DEFAULT_SIZES = (224, 512, 1024, 2048)
@@ -557,6 +572,39 @@ def plot(rows, path, title):
     plt.close(fig)
 
 
+def parse_neighbour_policy(text):
+    """``--neighbour-policy``: ``LABEL:VAR=VALUE[,VAR=VALUE...]`` as ``(label, {VAR: VALUE})``."""
+    label, sep, assignments = text.partition(':')
+    pairs = [item.partition('=') for item in assignments.split(',')] if sep else []
+    if not label or not pairs or any(not name or not eq for name, eq, _ in pairs):
+        raise argparse.ArgumentTypeError(
+            f'{text!r} is not LABEL:VAR=VALUE[,VAR=VALUE...] (e.g. spin1000:GOMP_SPINCOUNT=1000)')
+    return label, {name: value for name, _, value in pairs}
+
+
+def busy_neighbour_main(args):
+    """The ``--busy-neighbour`` comparison: every policy idle and beside a spinning process."""
+    policies = neighbour_policies()
+    for label, variables in args.neighbour_policy:
+        policies[label] = dict(policies['torch default'], **variables)
+    try:
+        load = f'{os.getloadavg()[0]:.2f}'
+    except (AttributeError, OSError):
+        load = 'unknown'
+    print(f'Busy-neighbour benchmark {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}: '
+          f'{NEIGHBOUR_STEP}, mean of {args.neighbour_steps} steps after '
+          f'{args.neighbour_warmup}; usable CPUs {usable_cpus()} ({usable_cores()} cores), '
+          f'neighbour pinned to CPU {max(usable_cpus())}; 1-minute load average at start '
+          f'{load}; torch={torch.__version__}', flush=True)
+    rows = run_neighbour_benchmark(policies, args.neighbour_steps, args.neighbour_warmup,
+                                   log=lambda msg: print(msg, flush=True))
+    print()
+    print(format_neighbour_table(rows))
+    print('\nx idle: over the same policy idle; x 1 thr: over one thread, idle; x default: '
+          'over torch default, same neighbour')
+    return rows
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description='Latency, training-step latency and peak memory of LinearViT per '
@@ -580,7 +628,8 @@ def parse_args(argv=None):
     parser.add_argument('--large-repeats', type=int, default=None)
     parser.add_argument('--large-warmup', type=int, default=None)
     parser.add_argument('--threads', type=int, default=None,
-                        help='torch intra-op threads (default: all cores)')
+                        help='torch intra-op threads (default: OMP_NUM_THREADS, which the '
+                             'tool sets to the usable cores where the user has not)')
     parser.add_argument('--max-background', type=float, default=None,
                         help='on a shared machine: retake a timed forward + training-step pair '
                              'during which other processes kept more than this many cores '
@@ -591,6 +640,21 @@ def parse_args(argv=None):
                         help='skip the peak-memory measurement')
     parser.add_argument('--out-dir', default='work_dirs/benchmark')
     parser.add_argument('--probe-memory', metavar='OPERATOR', help=argparse.SUPPRESS)
+    neighbour = parser.add_argument_group(
+        'busy neighbour', 'instead of the operator tables: the demo teacher stage\'s training '
+        'step (LinearViT 4 blocks, width 96, batch 32 at 64 px, AdamW) under each threading '
+        'policy, idle and beside a single-threaded spinning process this tool starts, each in '
+        'a fresh interpreter; --operators, --sizes and --arch do not apply')
+    neighbour.add_argument('--busy-neighbour', action='store_true',
+                           help='run this comparison and print its table')
+    neighbour.add_argument('--neighbour-steps', type=int, default=NEIGHBOUR_STEPS,
+                           help=f'timed steps, their mean is reported (default {NEIGHBOUR_STEPS})')
+    neighbour.add_argument('--neighbour-warmup', type=int, default=NEIGHBOUR_WARMUP,
+                           help=f'untimed steps first (default {NEIGHBOUR_WARMUP})')
+    neighbour.add_argument('--neighbour-policy', action='append', default=[],
+                           type=parse_neighbour_policy, metavar='LABEL:VAR=VALUE[,VAR=VALUE]',
+                           help='one more policy: the torch default environment plus these '
+                                'variables, e.g. spin1000:GOMP_SPINCOUNT=1000 (repeatable)')
     args = parser.parse_args(argv)
     args.arch = parse_arch(args.arch)
     from linvit_mm.models.backbones.linear_vit import LinearViT
@@ -603,13 +667,18 @@ def parse_args(argv=None):
         parser.error(f'--operators: {err}')
     if args.repeats < 1 or args.warmup < 0:
         parser.error('--repeats must be >= 1 and --warmup >= 0')
+    if args.neighbour_steps < 1 or args.neighbour_warmup < 0:
+        parser.error('--neighbour-steps must be >= 1 and --neighbour-warmup >= 0')
     if args.threads is None:
-        args.threads = os.cpu_count() or 1
+        # OMP_NUM_THREADS: the user's, or one per usable core (linvit_mm.cpu_threads)
+        args.threads = torch.get_num_threads()
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.busy_neighbour:
+        return busy_neighbour_main(args)
     if args.probe_memory:
         print(json.dumps(probe_train_peak(args.probe_memory, args.arch, args.sizes[0],
                                           args.threads)))

@@ -54,6 +54,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
+from linvit_mm.cpu_threads import usable_cores
+
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 PAPER_RECIPES = ('mlpcopy', 'mlpcopy-distill', 'fullcopy', 'fullcopy-distill')
 STAGED_RECIPES = ('staged-1-3', 'staged-1-2-3', 'staged-1-3-lora', 'staged-1-2-3-lora')
@@ -191,11 +193,11 @@ def parse_args(argv=None, demo=None):
     if min(args.seeds) < 0:
         parser.error(f'--seeds must be non-negative, got {args.seeds}')
     if args.jobs is None:
-        args.jobs = 1 if args.in_process else min(2, os.cpu_count() or 1)
+        args.jobs = 1 if args.in_process else min(2, usable_cores())
     if args.in_process and args.jobs != 1:
         parser.error(f'--in-process runs one training at a time; got --jobs {args.jobs}')
     if args.threads is None:
-        args.threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        args.threads = max(1, usable_cores() // args.jobs)
     if min(args.jobs, args.threads, args.teacher_iters) < 1:
         parser.error(f'--jobs, --threads and --teacher-iters must be >= 1, got {args.jobs}, '
                      f'{args.threads} and {args.teacher_iters}')
