@@ -334,6 +334,13 @@ class LinearViT(BaseBackbone):
         'inline-deit-tiny': _sizes(192, 12, 6, 768),
         'inline-deit-small': _sizes(320, 12, 10, 1280),
         'inline-deit-base': _sizes(384, 12, 12, 1536),
+        # The MHLA ViTs (DAGroup-PKU/MHLA, attn_type='mhla' with its official switches):
+        # DeiT's sizes, no qkv bias, a learned embedding without a class token, no final
+        # norm and a norm of the pooled tokens (timm's fc_norm).
+        **{f'mhla-{size}': dict(_sizes(*sizes), qkv_bias=False, pos_embed_type='learned',
+                                final_norm=False, pooled_norm=True)
+           for size, sizes in (('tiny', (192, 12, 3, 768)), ('small', (384, 12, 6, 1536)),
+                               ('base', (768, 12, 12, 3072)))},
     }
     OUT_TYPES = ('cls_token', 'featmap', 'avg_featmap', 'raw')
     POS_EMBED_TYPES = ('learned', 'sincos', 'none')
