@@ -83,8 +83,9 @@ def paper_results_in_readme():
         dense = re.fullmatch(r'([\d.]+) / ([\d.]+)', values[0])
         if dense:  # COCO box / mask AP, ADE20K mIoU
             box, mask = (float(v) for v in dense.groups())
-            detector = f'mask-rcnn_linvit-adapter-{op}-small_fpn_1x_coco'
-            segmenter = f'upernet_linvit-adapter-{op}-small_8xb2-160k_ade20k-512x512'
+            # Tables D and E: Base, the plain-ViT baseline of ViT-Adapter
+            detector = f'mask-rcnn_linvit-{op}-base_plain_fpn_1x_coco'
+            segmenter = f'upernet_linvit-{op}-base_plain_8xb2-160k_ade20k-512x512'
             results.update({(detector, 'box AP'): box, (detector, 'mask AP'): mask,
                             (segmenter, 'mIoU'): float(values[1])})
         elif re.fullmatch(r'[\d.]+', values[0]):  # ImageNet top-1, w/o and w/ distill
