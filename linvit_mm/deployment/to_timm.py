@@ -28,6 +28,12 @@ function at every size only where timm resamples the position embedding as the L
 does (bicubic with antialias, or no absolute embedding), so other models are refused it.
 Without it the model takes the LinearViT's ``img_size``, as timm models do.
 
+The timm model also holds a buffer ``linvit_mm_operator`` (the operator's name as bytes):
+a key that a plain ``timm.create_model('vit_*')`` lacks, so a converted file does not load
+strictly into a timm model whose attention computes another function (timm's Softmax
+``Attention`` has the same ``qkv`` / ``proj`` names as most operators); :func:`load_timm_vit`
+builds the right model and checks the name.
+
 Not convertible (refused, naming the reason): hybrids of several operators (timm builds
 every block's attention from one class), a neck, heads other than a single linear layer,
 outputs of several blocks, ``out_type='featmap'``, a final norm together with a pooled norm.
@@ -43,6 +49,15 @@ from .patch_grid import PatchGrid
 from .timm_attention import has_position_encoding, timm_attn_layer
 
 ACTIVATIONS = {'GELU': 'gelu', 'QuickGELU': 'quick_gelu'}
+OPERATOR_KEY = 'linvit_mm_operator'
+
+
+def _operator_code(attn_type):
+    return torch.tensor(list(attn_type.encode()), dtype=torch.uint8)
+
+
+def _operator_name(code):
+    return bytes(code.tolist()).decode(errors='replace')
 
 
 class ConversionError(ValueError):
@@ -173,6 +188,7 @@ def build_timm_vit(spec):
         attn_layer=timm_attn_layer(attn_type, grid, spec['attn_cfg'], spec['rope']), **extras)
     grid.attach(model)
     model.patch_grid = grid
+    model.register_buffer(OPERATOR_KEY, _operator_code(attn_type))
     return model
 
 
@@ -243,6 +259,7 @@ def linvit_to_timm(model, attn_cfg=None, dynamic_img_size=False):
         (unmapped.append(key) if name is None else state.__setitem__(name, value))
     if unmapped:
         raise ConversionError(f'no place in the timm model for {unmapped}')
+    state[OPERATOR_KEY] = _operator_code(spec['attn_type'])
     if backbone.pos_embed_type == 'sincos':
         state['pos_embed'] = sincos_pos_embed(backbone.patch_resolution, backbone.embed_dims,
                                               dtype=torch.float64).to(
@@ -269,8 +286,15 @@ def load_timm_vit(path):
     if not isinstance(checkpoint, dict) or 'timm_spec' not in checkpoint:
         raise ValueError(f'{path} holds no timm_spec: write it with '
                          f'tools/model_converters/linvit_to_timm.py (save_timm_vit)')
-    model = build_timm_vit(checkpoint['timm_spec'])
+    spec, state = checkpoint['timm_spec'], dict(checkpoint['state_dict'])
+    # files written before the operator was recorded hold no such key
+    recorded = state.setdefault(OPERATOR_KEY, _operator_code(spec['attn_type']))
+    if _operator_name(recorded) != spec['attn_type']:
+        raise ValueError(f"{path}: its weights record the operator "
+                         f"{_operator_name(recorded)!r}, its timm_spec {spec['attn_type']!r}; "
+                         f'the file is damaged: convert the model again')
+    model = build_timm_vit(spec)
     # in the precision it was saved in
-    model.to(checkpoint['state_dict']['patch_embed.proj.weight'].dtype)
-    model.load_state_dict(checkpoint['state_dict'], strict=True)
+    model.to(state['patch_embed.proj.weight'].dtype)
+    model.load_state_dict(state, strict=True)
     return model.eval()

@@ -144,3 +144,33 @@ def test_a_hybrid_is_refused():
     with pytest.raises(ConversionError, match=r"a hybrid of \['relu', 'softmax'\]: timm builds "
                                               r"every block's attention from one attn_layer"):
         linvit_to_timm(vit(dict(default='relu', softmax=[0])))
+
+
+@pytest.mark.parametrize('attn_type', ['relu', 'softmax'])
+def test_a_converted_file_refuses_a_plain_timm_model(attn_type, tmp_path):
+    """timm's own Attention has the operators' qkv / proj names: without a key of its own
+    the file would load strictly into a plain timm ViT and compute Softmax attention."""
+    import timm
+    model = vit(attn_type)
+    timm_model, spec = linvit_to_timm(model)
+    save_timm_vit(timm_model, spec, tmp_path / 'timm.pth')
+    state = torch.load(tmp_path / 'timm.pth', weights_only=True)['state_dict']
+    plain = timm.create_model('vit_tiny_patch16_224', pretrained=False, **spec['vit']).double()
+    with pytest.raises(RuntimeError, match='Unexpected key.*"linvit_mm_operator"'):
+        plain.load_state_dict(state, strict=True)
+    assert_same_function(model, load_timm_vit(tmp_path / 'timm.pth'))
+
+
+def test_load_timm_vit_checks_the_recorded_operator(tmp_path):
+    model = vit('relu')
+    timm_model, spec = linvit_to_timm(model)
+    checkpoint = {'state_dict': timm_model.state_dict(), 'timm_spec': spec}
+    checkpoint['state_dict']['linvit_mm_operator'] = torch.tensor(list(b'elu'),
+                                                                  dtype=torch.uint8)
+    torch.save(checkpoint, tmp_path / 'damaged.pth')
+    with pytest.raises(ValueError, match="record the operator 'elu', its timm_spec 'relu'"):
+        load_timm_vit(tmp_path / 'damaged.pth')
+    # a file written before the operator was recorded still loads
+    del checkpoint['state_dict']['linvit_mm_operator']
+    torch.save(checkpoint, tmp_path / 'older.pth')
+    assert_same_function(model, load_timm_vit(tmp_path / 'older.pth'))

@@ -1,6 +1,7 @@
 """tools/model_converters/linvit_to_timm.py: a config and checkpoint to a timm model file,
 checked against the LinearViT, on the tiny test classifier."""
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -56,11 +57,24 @@ def test_backbone_for_any_image_size(tool, tmp_path, capsys):
     assert load_timm_vit(out)(torch.randn(1, 3, 24, 56)).shape == (1, 32)
 
 
+@pytest.mark.parametrize('options, message', [
+    (['--cfg-options', 'model.backbone.attn_type=relu+softmax@0'],
+     r"a hybrid of \['relu', 'softmax'\]: timm builds every block's attention from one "
+     r'attn_layer class'),
+    (['--dynamic-img-size'], 'dynamic_img_size: timm resamples the position embedding'),
+], ids=['hybrid', 'dynamic-img-size'])
+def test_what_timm_cannot_express_is_one_line_and_exit_2(tool, tmp_path, capsys, options,
+                                                         message):
+    assert tool.main([str(TINY_CONFIG), str(tmp_path / 'x.pth'), *options]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and 'Traceback' not in err
+    assert re.match('linvit_to_timm: error: not convertible to a timm VisionTransformer: '
+                    + message, err)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_refusals_write_nothing(tool, tmp_path):
     out = tmp_path / 'x.pth'
-    from linvit_mm.deployment import ConversionError
-    with pytest.raises(ConversionError, match='dynamic_img_size'):
-        tool.main([str(TINY_CONFIG), str(out), '--dynamic-img-size'])
     with pytest.raises(SystemExit):
         tool.parse_args([str(TINY_CONFIG), 'a.pth', 'b.pth', 'c.pth'])
     with pytest.raises(SystemExit):

@@ -15,6 +15,12 @@ runs both models on the same random images and prints the largest difference. OU
 
 ``--dynamic-img-size``: a timm model for any image size (``dynamic_img_size=True``), where
 timm resamples the position embedding as the LinearViT does (refused otherwise, saying why).
+
+The file loads with ``load_timm_vit`` only: its weights carry a key
+(``linvit_mm_operator``) that a plain ``timm.create_model('vit_*')`` lacks, so a strict
+load into timm's own Softmax ViT, which would compute another function, fails. A model timm
+cannot express (a hybrid of operators, a neck, ...) is refused with one line on stderr and
+exit status 2, nothing written.
 """
 import argparse
 import os.path as osp
@@ -54,16 +60,21 @@ def main(argv=None):
     import torch
     from mmengine.config import Config
 
-    from linvit_mm.deployment import (ImageModel, check_inputs, compare_with_eager,
-                                      linvit_to_timm, save_timm_vit)
+    from linvit_mm.deployment import (ConversionError, ImageModel, check_inputs,
+                                      compare_with_eager, linvit_to_timm, save_timm_vit)
     from linvit_mm.deployment.export import build_model, within_tolerance
     cfg = Config.fromfile(args.config)
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
     model = build_model(cfg, args.checkpoint, backbone=args.backbone)
     attn_cfg = cfg.model.get('backbone', cfg.model).get('attn_cfg')
-    timm_model, spec = linvit_to_timm(model, attn_cfg=attn_cfg,
-                                      dynamic_img_size=args.dynamic_img_size)
+    try:
+        timm_model, spec = linvit_to_timm(model, attn_cfg=attn_cfg,
+                                          dynamic_img_size=args.dynamic_img_size)
+    except ConversionError as err:
+        print(f'linvit_to_timm: error: not convertible to a timm VisionTransformer: {err}',
+              file=sys.stderr)
+        return 2
     source = ImageModel(model)
     print(f'Converted the {"classifier" if source.is_classifier else "backbone"} '
           f'({spec["attn_type"]}) to timm VisionTransformer(global_pool='
