@@ -5,7 +5,11 @@ what a scope-specific option means, as each upstream ``tools/test.py`` defines i
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out PATH]
         [--out-item {pred,metrics}] [--show-dir DIR] [--show] [--amp] [--no-pin-memory]
-        [--tta] [--cfg-options k=v ...] [--launcher pytorch]
+        [--tta] [--no-strict-load] [--cfg-options k=v ...] [--launcher pytorch]
+
+A CHECKPOINT that does not fit a LinearViT model of the config (other operators, stage, head
+or tensors) is refused before anything loads (``linvit_mm.engine.strict_load``;
+``--no-strict-load`` loads what fits, with a warning; docs/loading.md).
 
 ``--out``
 

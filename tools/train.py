@@ -3,11 +3,15 @@
 Same command line as the upstream OpenMMLab tools::
 
     python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--amp]
-        [--auto-scale-lr] [--no-validate] [--cfg-options k=v ...] [--launcher pytorch]
+        [--auto-scale-lr] [--no-validate] [--no-strict-load] [--cfg-options k=v ...]
+        [--launcher pytorch]
 
 A config that lacks them gets the training safeguards of
 ``linvit_mm.engine.launch.add_training_safeguards`` (a non-finite loss stops the run
-before its checkpoint is written; checkpoints are written atomically); the log says so.
+before its checkpoint is written; checkpoints are written atomically; checkpoints record
+the model's LinearViTs); the log says so. A ``--resume`` or ``load_from`` checkpoint that does
+not fit a LinearViT model is refused before anything loads (``linvit_mm.engine.strict_load``;
+``--no-strict-load`` loads what fits, with a warning; docs/loading.md).
 """
 # Declared before the first import: linvit_mm, imported first, then chooses this process's
 # CPU threading before torch loads (see linvit_mm/cpu_threads.py; the user's variables win).

@@ -70,7 +70,11 @@ class ModelRecordHook(Hook):
     def before_save_checkpoint(self, runner, checkpoint):
         model = _unwrap(runner.model)
         if find_linear_vits(model):
-            checkpoint.setdefault('meta', {})[RECORD_KEY] = model_record(model)
+            # Updated, not replaced: other hooks may add their own entries to the record.
+            meta = checkpoint.setdefault('meta', {})
+            record = meta.get(RECORD_KEY)
+            meta[RECORD_KEY] = {**(record if isinstance(record, dict) else {}),
+                                **model_record(model)}
 
 
 def pending_checkpoint(runner):
