@@ -269,3 +269,21 @@ def test_a_resume_file_that_mmengine_would_run_is_refused(relu_run, mini_data_ro
     runner = runner_for(dict(load_from=str(crafted), resume=True), tmp_path, mini_data_root)
     with pytest.raises(CheckpointMismatchError, match="its meta holds a 'config' text"):
         check_runner_checkpoint(runner, strict=False)
+
+
+def test_the_record_hook_adds_to_the_record_and_skips_other_models():
+    from mmpretrain.models import ImageClassifier
+
+    from linvit_mm.engine.strict_load import ModelRecordHook
+    hook = ModelRecordHook()
+    vit_model = SimpleNamespace(model=torch.nn.ModuleDict(dict(backbone=tiny_backbone())))
+    checkpoint = dict(meta={RECORD_KEY: dict(lora=dict(alpha=16))})
+    hook.before_save_checkpoint(vit_model, checkpoint)
+    record = checkpoint['meta'][RECORD_KEY]
+    assert record['lora'] == dict(alpha=16)
+    assert record['backbones']['backbone.']['attn_types'] == ['relu', 'relu']
+    resnet = ImageClassifier(backbone=dict(type='ResNet', depth=18),
+                             head=dict(type='LinearClsHead', num_classes=3, in_channels=512))
+    checkpoint = dict(meta={})
+    hook.before_save_checkpoint(SimpleNamespace(model=resnet), checkpoint)
+    assert checkpoint == dict(meta={})
