@@ -18,7 +18,7 @@ Why the package's first statement runs this
     before its first import of linvit_mm (each of ``tools/train.py``, ``tools/test.py``,
     ``tools/demo.py`` and ``tools/analysis_tools/benchmark_*.py`` has it). Code that merely
     imports linvit_mm has no such marker: its process is left exactly as it was. One
-    implementation, one opt-in line per tool, no tool importing another.
+    implementation; each tool only declares the marker and imports linvit_mm first.
 
 What a tool's process gets
     * ``OMP_WAIT_POLICY=PASSIVE`` unless the user set any of ``OMP_WAIT_POLICY``,
