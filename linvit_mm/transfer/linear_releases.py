@@ -15,17 +15,27 @@ InLine-DeiT-T   LeapLabTHU/InLine       ``inline`` ``inline-deit-tiny`` (192, 6 
 /S/B                                    residual   ``inline-deit-small`` (320, 10),
                                         on         ``inline-deit-base`` (384, 12); class
                                                    token and learned position embedding
+MHLA ViT-T/S/B  DAGroup-PKU/MHLA        ``mhla``,  ``mhla-tiny`` (192, 3), ``mhla-small``
+                                        official   (384, 6), ``mhla-base`` (768, 12); no
+                                        switches   class token, learned embedding, pooled
+                                                   norm; 256 px (16 x 16 patches), blocks
+                                                   from the mixing conv (4 x 4 of 4 x 4)
 ==============  ======================  =========  ==========================================
+
+The MHLA ViT zero-pads its (normalised) 224 px input to 256 px before the patch embedding;
+LinearViT does not: give the converted model the padded 256 px image to compute theirs.
 
 Every tensor of the release must have a place (an unknown one is refused by name, nothing
 is dropped), and the model it is loaded into must have a tensor of the same shape for each
 and no other (:func:`load_linear_release` refuses missing, unexpected and reshaped tensors
 by name before anything is copied). The sizes come from the tensors (width and patch size
 from the patch embedding, depth from the blocks, heads from ``attn.w1`` (ViT³) or the
-grouped ``attn.residual.0`` conv (InLine), MLP width from ``fc1``), the arch word from the
-sizes where one fits. The family is told by
-:func:`linvit_mm.transfer.linear_sources.detect_linear_source`.
+grouped ``attn.residual.0`` conv (InLine) or, for MHLA, whose tensors do not hold them, the
+released width or ``num_heads``; MLP width from ``fc1``; MHLA's block layout from its mixing
+conv and its grid from ``pos_embed``), the arch word from the sizes where one fits. The
+family is told by :func:`linvit_mm.transfer.linear_sources.detect_linear_source`.
 """
+import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -67,6 +77,33 @@ def _inline_heads(state, embed_dims):
     return embed_dims // state['blocks.0.attn.residual.0.weight'].shape[1]
 
 
+# The MHLA ViT's heads are not in its tensors (q_norm / k_norm and the mixing act on all
+# channels): timm's DeiT widths, 64 channels a head.
+_MHLA_HEADS = {192: 3, 384: 6, 768: 12}
+
+
+def _mhla_heads(state, embed_dims):
+    if embed_dims not in _MHLA_HEADS:
+        raise ValueError(f'an MHLA ViT of width {embed_dims}: its head count is not in its '
+                         f'tensors, and only the released widths {sorted(_MHLA_HEADS)} are '
+                         f'known; give it (num_heads=, --num-heads)')
+    return _MHLA_HEADS[embed_dims]
+
+
+def _mhla_attn_cfg(state):
+    """The official switches, the block layout from the mixing conv ``(M, M, 1, 1)`` and
+    the grid of the position embedding."""
+    from linvit_mm.models.attention.mhla import OFFICIAL_IMAGENET
+    mixing = state['blocks.0.attn.piece_attn.conv.weight']
+    side = math.isqrt(mixing.shape[0])
+    if mixing.dim() != 4 or mixing.shape[0] != mixing.shape[1] or side * side != mixing.shape[0]:
+        raise ValueError(f'blocks.0.attn.piece_attn.conv.weight has shape '
+                         f'{tuple(mixing.shape)}; (M, M, 1, 1) with M a square was expected')
+    return dict(OFFICIAL_IMAGENET, num_blocks=(side, side),
+                qk_norm='blocks.0.attn.q_norm.weight' in state,
+                attn_norm='blocks.0.attn.norm.weight' in state)
+
+
 @dataclass(frozen=True)
 class LinearRelease:
     """One released layout.
@@ -81,6 +118,11 @@ class LinearRelease:
         block: name inside ``blocks.N`` -> name inside ``layers.N``.
         num_heads: the head count from the state dict and the width.
         heads_from: the tensor ``num_heads`` reads (named in errors).
+        attn_cfg: the operator's arguments, or ``attn_cfg_from`` to read them off the
+            state dict.
+        arch_switches: the switches of a custom arch dict (sizes that are no arch word).
+        reshape: LinearViT name suffix -> how that tensor's release form becomes ours.
+        extra_slots: leading slots of the learned position embedding (class token).
     """
     name: str
     description: str
@@ -92,6 +134,10 @@ class LinearRelease:
     num_heads: Callable[[Mapping[str, torch.Tensor], int], int]
     heads_from: str
     attn_cfg: Mapping = field(default_factory=dict)
+    attn_cfg_from: Optional[Callable[[Mapping[str, torch.Tensor]], dict]] = None
+    arch_switches: Mapping = field(default_factory=dict)
+    reshape: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    extra_slots: int = 1
 
 
 LINEAR_RELEASES = OrderedDict(
@@ -103,7 +149,8 @@ LINEAR_RELEASES = OrderedDict(
         block=dict(_TIMM_BLOCK, **{'cpe.weight': 'attn.cpe.weight', 'cpe.bias': 'attn.cpe.bias',
                                    'attn.w1': 'attn.w1', 'attn.w2': 'attn.w2',
                                    'attn.w3': 'attn.w3'}),
-        num_heads=_vit3_heads, heads_from='blocks.0.attn.w1'),
+        num_heads=_vit3_heads, heads_from='blocks.0.attn.w1',
+        arch_switches=dict(pos_embed_type='none')),
     inline=LinearRelease(
         name='inline', description='InLine-DeiT', repository='LeapLabTHU/InLine',
         attn_type='inline', attn_cfg=dict(residual=True),
@@ -113,6 +160,26 @@ LINEAR_RELEASES = OrderedDict(
         block=dict(_TIMM_BLOCK, **{f'attn.residual.{i}.{p}': f'attn.residual.{i}.{p}'
                                    for i in (0, 2) for p in ('weight', 'bias')}),
         num_heads=_inline_heads, heads_from='blocks.0.attn.residual.0.weight'),
+    mhla=LinearRelease(
+        name='mhla', description='MHLA ViT', repository='DAGroup-PKU/MHLA', attn_type='mhla',
+        arch_words={'mhla-tiny': (192, 3), 'mhla-small': (384, 6), 'mhla-base': (768, 12)},
+        # timm's ViT with global_pool='avg': no final norm, fc_norm after the pooling.
+        top={k: v for k, v in dict(_TIMM_TOP, pos_embed='pos_embed', **{
+            'fc_norm.weight': 'ln2.weight', 'fc_norm.bias': 'ln2.bias'}).items()
+             if not k.startswith('norm.')},
+        block=dict(_TIMM_BLOCK, **{
+            'attn.norm.weight': 'attn.norm.weight', 'attn.norm.bias': 'attn.norm.bias',
+            'attn.to_qkv.weight': 'attn.qkv.weight', 'attn.to_qkv.bias': 'attn.qkv.bias',
+            'attn.q_norm.weight': 'attn.q_norm.weight', 'attn.k_norm.weight': 'attn.k_norm.weight',
+            'attn.lepe.weight': 'attn.value_conv.weight', 'attn.lepe.bias': 'attn.value_conv.bias',
+            'attn.piece_attn.conv.weight': 'attn.block_mixing',
+            'attn.to_out.0.weight': 'attn.proj.weight', 'attn.to_out.0.bias': 'attn.proj.bias'}),
+        num_heads=_mhla_heads, heads_from='patch_embed.proj.weight',
+        attn_cfg_from=_mhla_attn_cfg,
+        arch_switches=dict(pos_embed_type='learned', final_norm=False, pooled_norm=True),
+        # the mixing is a 1x1 conv over the block axis: its (M, M) matrix
+        reshape={'attn.block_mixing': lambda t: t[:, :, 0, 0]},
+        extra_slots=0),
 )
 
 
@@ -173,10 +240,12 @@ def _find_release(state, family):
     return LINEAR_RELEASES[match.source.name]
 
 
-def _sizes(state, release):
+def _sizes(state, release, num_heads=None):
     """``(arch, img_size, qkv_bias)`` from the tensors; the arch is a word where the sizes
     are one's."""
-    for key in ('patch_embed.proj.weight', 'blocks.0.mlp.fc1.weight', release.heads_from):
+    for key in ('patch_embed.proj.weight', 'blocks.0.mlp.fc1.weight', release.heads_from,
+                'blocks.0.attn.qkv.weight' if release.name != 'mhla' else
+                'blocks.0.attn.to_qkv.weight'):
         if key not in state:
             raise ValueError(f'the {release.description} checkpoint has no {key}, which its '
                              f'layout always has; is it cut short?')
@@ -189,41 +258,51 @@ def _sizes(state, release):
                      for m in [re.match(r'blocks\.(\d+)\.', key)] if m})
     if blocks != list(range(len(blocks))):
         raise ValueError(f'the blocks of the checkpoint are numbered {blocks}, not 0..N-1')
-    num_heads = int(release.num_heads(state, embed_dims))
+    found = None if release.name == 'mhla' and num_heads else int(
+        release.num_heads(state, embed_dims))
+    if found is not None and num_heads and found != num_heads:
+        raise ValueError(f'num_heads={num_heads} was given, but {release.heads_from} of shape '
+                         f'{tuple(state[release.heads_from].shape)} holds {found} heads')
+    num_heads = int(num_heads or found)
     if num_heads <= 0 or embed_dims % num_heads:
-        raise ValueError(f'{release.heads_from} of shape '
-                         f'{tuple(state[release.heads_from].shape)} gives {num_heads} heads, '
-                         f'which do not divide the width {embed_dims}')
+        raise ValueError(f'{num_heads} heads do not divide the width {embed_dims} '
+                         f'({release.heads_from}: {tuple(state[release.heads_from].shape)})')
     ffn = state['blocks.0.mlp.fc1.weight'].shape[0]
     arch = dict(embed_dims=int(embed_dims), num_layers=len(blocks), num_heads=num_heads,
                 feedforward_channels=int(ffn))
     word = next((word for word, (width, heads) in release.arch_words.items()
                  if arch == dict(embed_dims=width, num_layers=12, num_heads=heads,
                                  feedforward_channels=4 * width)), None)
-    if word is not None and patch_size == 16:
+    qkv_bias = any(key in state for key in ('blocks.0.attn.qkv.bias',
+                                            'blocks.0.attn.to_qkv.bias'))
+    # the words set the released qkv bias: with bias for ViT^3 and InLine, without for MHLA
+    if word is not None and patch_size == 16 and qkv_bias == (release.name != 'mhla'):
         arch = word
     else:
         arch['patch_size'] = int(patch_size)
-        if release.name == 'vit3':
-            arch['pos_embed_type'] = 'none'
+        arch.update(release.arch_switches)
     img_size = 224
     if 'pos_embed' in state:
-        patches = state['pos_embed'].shape[1] - 1     # one class token slot
-        side = int(round(patches**.5))
-        if side * side != patches:
-            raise ValueError(f'pos_embed has shape {tuple(state["pos_embed"].shape)}: not a '
-                             f'class token slot and a square grid')
+        patches = state['pos_embed'].shape[1] - release.extra_slots
+        side = math.isqrt(max(patches, 0))
+        if patches <= 0 or side * side != patches:
+            raise ValueError(f'pos_embed has shape {tuple(state["pos_embed"].shape)}: not '
+                             f'{release.extra_slots} class token slot(s) and a square grid')
         img_size = side * int(patch_size)
-    return arch, img_size, 'blocks.0.attn.qkv.bias' in state
+    return arch, img_size, qkv_bias
 
 
-def convert_linear_release(checkpoint, family=None):
+def convert_linear_release(checkpoint, family=None, num_heads=None):
     """A release's tensors in LinearViT's names, and the LinearViT config that computes its
     forward.
 
     Args:
         checkpoint (Mapping): the loaded release file (see :func:`release_state_dict`).
-        family (str, optional): ``'vit3'`` or ``'inline'``; None: told from the keys.
+        family (str, optional): ``'vit3'``, ``'inline'`` or ``'mhla'``; None: told from the
+            keys.
+        num_heads (int, optional): the head count, checked against the tensors where they
+            hold it (ViT³, InLine); needed for an MHLA ViT of a width other than the
+            released 192 / 384 / 768, whose tensors do not hold it.
 
     Returns:
         ConvertedRelease
@@ -234,12 +313,15 @@ def convert_linear_release(checkpoint, family=None):
     """
     state = release_state_dict(checkpoint)
     release = _find_release(state, family)
-    arch, img_size, qkv_bias = _sizes(state, release)
+    arch, img_size, qkv_bias = _sizes(state, release, num_heads)
     backbone, head, unplaced = OrderedDict(), OrderedDict(), []
     for key, value in state.items():
         block = re.match(r'^blocks\.(\d+)\.(.+)$', key)
         if block and block.group(2) in release.block:
-            backbone[f'layers.{block.group(1)}.{release.block[block.group(2)]}'] = value
+            ours = release.block[block.group(2)]
+            reshape = release.reshape.get(ours)
+            backbone[f'layers.{block.group(1)}.{ours}'] = (value if reshape is None
+                                                           else reshape(value))
         elif key in release.top:
             backbone[release.top[key]] = value
         elif key in HEAD_KEYS:
@@ -252,11 +334,17 @@ def convert_linear_release(checkpoint, family=None):
                          f'nothing was converted')
     model_cfg = dict(type='LinearViT', arch=arch, attn_type=release.attn_type,
                      img_size=img_size)
-    if release.attn_cfg:
-        model_cfg['attn_cfg'] = dict(release.attn_cfg)
-    if not qkv_bias:
-        model_cfg['qkv_bias'] = False
+    attn_cfg = dict(release.attn_cfg)
+    if release.attn_cfg_from is not None:
+        attn_cfg.update(release.attn_cfg_from(state))
+    if attn_cfg:
+        model_cfg['attn_cfg'] = attn_cfg
+    if isinstance(arch, dict):
+        arch['qkv_bias'] = qkv_bias
     notes = []
+    if release.name == 'mhla':
+        notes.append('the official model zero-pads its normalised input to 256 px (16 x 16 '
+                     'patches) before the patch embedding; give the LinearViT the padded image')
     if not head:
         notes.append('no classifier (head.weight / head.bias) in the checkpoint')
     return ConvertedRelease(release, backbone, head, model_cfg, notes)
@@ -276,6 +364,12 @@ def _operator_problems(vit, release):
     if wrong:
         problems.append(f'blocks {wrong} run {sorted({vit.attn_types[i] for i in wrong})}, '
                         f'the release runs {release.attn_type!r} in every block')
+    if release.name == 'mhla' and not wrong:
+        other = [i for i, layer in enumerate(vit.layers)
+                 if getattr(layer.attn, 'normaliser', None) != 'official']
+        if other:
+            problems.append(f"blocks {other} do not use the official normaliser (attn_cfg="
+                            f"dict(normaliser='official')), which the release's blocks use")
     if release.name == 'inline':
         off = [i for i, layer in enumerate(vit.layers)
                if getattr(layer.attn, 'residual', None) is None]

@@ -26,16 +26,18 @@ tool = load('linear_release_to_linvit', 'tools/model_converters/linear_release_t
 releases = load('linear_release_layouts', 'tests/transfer/test_linear_releases.py')
 
 
-@pytest.mark.parametrize('family', ['vit3', 'inline'])
+@pytest.mark.parametrize('family', ['vit3', 'inline', 'mhla'])
 def test_release_converts_and_loads(family, tmp_path, capsys):
     state = releases.release_state(family)
     src, out = tmp_path / 'release.pth', tmp_path / 'out' / 'linvit.pth'
     torch.save({'model': state, 'epoch': 299}, src)
-    assert tool.main([str(src), str(out)]) == 0
+    heads = releases.NUM_HEADS[family]
+    assert tool.main([str(src), str(out)] + (['--num-heads', str(heads)] if heads else [])) == 0
     printed = capsys.readouterr().out
-    assert f"'attn_type': '{ {'vit3': 'ttt', 'inline': 'inline'}[family] }'" in printed
+    assert f"'attn_type': '{ {'vit3': 'ttt', 'inline': 'inline', 'mhla': 'mhla'}[family] }'" \
+        in printed
     assert "'type': 'LinearViTCheckpoint'" in printed
-    converted = releases.convert_linear_release(state)
+    converted = releases.convert_linear_release(state, num_heads=heads)
     cfg = {k: v for k, v in converted.model_cfg.items() if k != 'type'}
     vit = LinearViT(**cfg, init_cfg=dict(type='LinearViTCheckpoint', checkpoint=str(out)))
     vit.init_weights()

@@ -1,5 +1,5 @@
-"""Released linear ViTs (ViT³, InLine-DeiT) converted into LinearViT: state dicts built here
-with the keys and shapes the official models have (random weights), the official forward
+"""Released linear ViTs (ViT³, InLine-DeiT, the MHLA ViTs) converted into LinearViT: state
+dicts built here with the keys and shapes the official models have (random weights), the official forward
 written out here from reading the official model code, and the converted LinearViT held
 against it; the strict loader's refusals, by name."""
 import math
@@ -17,7 +17,8 @@ from linvit_mm.transfer.linear_releases import (build_release_vit, convert_linea
                                                 release_state_dict)
 
 WIDTH, HEADS, DEPTH, MLP, PATCH, IMAGE, CLASSES = 24, 6, 2, 48, 4, 16, 5
-FAMILIES = ['vit3', 'inline']
+FAMILIES = ['vit3', 'inline', 'mhla']
+MHLA_HEADS, PIECE = 3, 2    # MHLA: 3 heads of 8; 2 x 2 blocks of 2 x 2 patches
 
 
 # ------------------------------------------------------------------ release layouts
@@ -26,7 +27,7 @@ def _draw(shape, scale, generator):
 
 
 def release_state(family, width=WIDTH, heads=HEADS, depth=DEPTH, mlp=MLP, patch=PATCH,
-                  image=IMAGE, classes=CLASSES, seed=0, device=None):
+                  image=IMAGE, classes=CLASSES, seed=0, device=None, piece=PIECE):
     """A state dict with the keys and shapes of the official model (ViTTT
     ``vittt/models/vittt.py`` + ``ttt_block.py``; InLine ``models/inline_deit.py``; both
     timm ViTs with ``qkv_bias=True``), random values of moderate scale. ``device='meta'``
@@ -49,8 +50,31 @@ def release_state(family, width=WIDTH, heads=HEADS, depth=DEPTH, mlp=MLP, patch=
     if family == 'inline':
         state['cls_token'] = t((1, 1, width), .5)
         state['pos_embed'] = t((1, (image // patch)**2 + 1, width), .5)
+    if family == 'mhla':
+        state['pos_embed'] = t((1, (image // patch)**2, width), .5)
     for i in range(depth):
         b = f'blocks.{i}.'
+        if family == 'mhla':
+            # timm's Block (norm1, norm2, mlp) around MHLA_Normed_Torch (attn), no qkv bias
+            blocks = ((image // patch) // piece)**2
+            state.update({b + k: v for k, v in norm('norm1').items()})
+            state.update({b + 'attn.' + k: v for k, v in norm('norm').items()})
+            state[b + 'attn.to_qkv.weight'] = t((3 * width, width))
+            state[b + 'attn.q_norm.weight'] = state[b + 'attn.norm.weight'] * 1.5
+            state[b + 'attn.k_norm.weight'] = state[b + 'attn.norm.bias'] + 1
+            state[b + 'attn.lepe.weight'] = t((width, 1, 5, 5), .2)
+            state[b + 'attn.lepe.bias'] = t((width, ), .1)
+            state[b + 'attn.piece_attn.conv.weight'] = (
+                t((blocks, blocks, 1, 1)) if device == 'meta'
+                else torch.rand(blocks, blocks, 1, 1, generator=g, dtype=torch.float64) + .1)
+            state[b + 'attn.to_out.0.weight'] = t((width, width))
+            state[b + 'attn.to_out.0.bias'] = t((width, ), .1)
+            state.update({b + k: v for k, v in norm('norm2').items()})
+            state[b + 'mlp.fc1.weight'] = t((mlp, width))
+            state[b + 'mlp.fc1.bias'] = t((mlp, ), .1)
+            state[b + 'mlp.fc2.weight'] = t((width, mlp))
+            state[b + 'mlp.fc2.bias'] = t((width, ), .1)
+            continue
         if family == 'vit3':
             state[b + 'cpe.weight'] = t((width, 1, 3, 3), .3)
             state[b + 'cpe.bias'] = t((width, ), .1)
@@ -76,7 +100,7 @@ def release_state(family, width=WIDTH, heads=HEADS, depth=DEPTH, mlp=MLP, patch=
         state[b + 'mlp.fc1.bias'] = t((mlp, ), .1)
         state[b + 'mlp.fc2.weight'] = t((width, mlp))
         state[b + 'mlp.fc2.bias'] = t((width, ), .1)
-    state.update(norm('norm'))
+    state.update(norm('fc_norm' if family == 'mhla' else 'norm'))
     state['head.weight'] = t((classes, width))
     state['head.bias'] = t((classes, ), .1)
     return state
@@ -186,7 +210,56 @@ def official_inline(images, s, heads=HEADS):
     return features, F.linear(features, s['head.weight'], s['head.bias'])
 
 
-OFFICIAL = {'vit3': official_vit3, 'inline': official_inline}
+def _mhla_attention(x, s, b, heads, side):
+    """``MHLA_Normed_Torch.forward`` on blocked tokens ``(B, blocks, window, C)``: its own
+    LayerNorm, bias-free q, k, v, the 5x5 'lepe' of the values in image layout, RMSNorm of q
+    and k over the channels, ``relu + eps`` features, per-block ``K^T V`` and the normaliser
+    ``q . k_sum`` each mixed over the blocks by the 1x1 conv, ``/ (normaliser + eps)``."""
+    eps = 1e-6
+    B, n, w, c = x.shape
+    d = c // heads
+    per_side, piece = math.isqrt(n), math.isqrt(w)
+    x = F.layer_norm(x, (c, ), s[b + 'attn.norm.weight'], s[b + 'attn.norm.bias'])
+    q, k, v = F.linear(x, s[b + 'attn.to_qkv.weight']).chunk(3, dim=-1)
+    image = v.reshape(B, per_side, per_side, piece, piece, c).permute(0, 5, 1, 3, 2, 4)
+    image = image.reshape(B, c, side, side)
+    lepe = F.conv2d(image, s[b + 'attn.lepe.weight'], s[b + 'attn.lepe.bias'], padding=2,
+                    groups=c)
+    lepe = lepe.reshape(B, c, per_side, piece, per_side, piece).permute(0, 2, 4, 3, 5, 1)
+    lepe = lepe.reshape(B, n, w, c)
+    q = F.relu(F.rms_norm(q, (c, ), s[b + 'attn.q_norm.weight'])) + eps
+    k = F.relu(F.rms_norm(k, (c, ), s[b + 'attn.k_norm.weight'])) + eps
+    q, k, v = (t.reshape(B, n, w, heads, d).permute(0, 3, 1, 2, 4).reshape(B * heads, n, w, d)
+               for t in (q, k, v))
+    mixing = s[b + 'attn.piece_attn.conv.weight']
+    kv = F.conv2d(k.transpose(-2, -1) @ v, mixing)
+    normaliser = F.conv2d(q @ k.sum(dim=-2).unsqueeze(-1), mixing) + eps
+    out = (q @ kv) / normaliser
+    out = out.reshape(B, heads, n, w, d).permute(0, 2, 3, 1, 4).reshape(B, n, w, c) + lepe
+    return F.linear(out, s[b + 'attn.to_out.0.weight'], s[b + 'attn.to_out.0.bias'])
+
+
+def official_mhla(images, s, heads=MHLA_HEADS, piece=PIECE):
+    """``MHLA_ViT.forward`` (no padding: the images are already the model's size): patches
+    ``+ pos_embed``, cut into blocks of ``piece x piece`` patches ``(hb wb) (p1 p2)``, timm
+    blocks around the attention, no final norm, the mean token, ``fc_norm``, head."""
+    x = _patches(images, s) + s['pos_embed']
+    B, N, c = x.shape
+    side = math.isqrt(N)
+    per_side = side // piece
+    x = x.reshape(B, per_side, piece, per_side, piece, c).permute(0, 1, 3, 2, 4, 5)
+    x = x.reshape(B, per_side * per_side, piece * piece, c)
+    depth = len({k.split('.')[1] for k in s if k.startswith('blocks.')})
+    for i in range(depth):
+        b = f'blocks.{i}.'
+        x = x + _mhla_attention(_ln(x, s, b + 'norm1'), s, b, heads, side)
+        x = x + _mlp(_ln(x, s, b + 'norm2'), s, b)
+    features = _ln(x.reshape(B, N, c).mean(dim=1), s, 'fc_norm')
+    return features, F.linear(features, s['head.weight'], s['head.bias'])
+
+
+OFFICIAL = {'vit3': official_vit3, 'inline': official_inline, 'mhla': official_mhla}
+NUM_HEADS = {'vit3': None, 'inline': None, 'mhla': MHLA_HEADS}
 
 
 def images(seed=3):
@@ -195,7 +268,8 @@ def images(seed=3):
 
 
 def converted_model(family, state=None):
-    converted = convert_linear_release(state if state is not None else release_state(family))
+    converted = convert_linear_release(state if state is not None else release_state(family),
+                                       num_heads=NUM_HEADS[family])
     vit = build_release_vit(converted).double()
     load_linear_release(vit, converted)
     return vit.eval(), converted
@@ -223,13 +297,21 @@ def test_converted_release_computes_the_official_forward(family):
 def test_model_config_is_the_release(family):
     _, converted = converted_model(family)
     cfg = converted.model_cfg
-    assert cfg['attn_type'] == {'vit3': 'ttt', 'inline': 'inline'}[family]
-    assert cfg['arch']['num_heads'] == HEADS and cfg['arch']['patch_size'] == PATCH
+    assert cfg['attn_type'] == {'vit3': 'ttt', 'inline': 'inline', 'mhla': 'mhla'}[family]
+    heads = MHLA_HEADS if family == 'mhla' else HEADS
+    assert cfg['arch']['num_heads'] == heads and cfg['arch']['patch_size'] == PATCH
     assert cfg['arch']['num_layers'] == DEPTH and cfg['arch']['feedforward_channels'] == MLP
+    assert cfg['arch']['qkv_bias'] == (family != 'mhla')
     # ViT³ has no position embedding to tell the training size: the release's 224 is kept
-    # (any grid runs); InLine's learned one covers the grid it was stored for.
-    assert cfg['img_size'] == {'vit3': 224, 'inline': IMAGE}[family]
-    assert cfg.get('attn_cfg') == ({'residual': True} if family == 'inline' else None)
+    # (any grid runs); the learned ones cover the grid they were stored for.
+    assert cfg['img_size'] == {'vit3': 224, 'inline': IMAGE, 'mhla': IMAGE}[family]
+    expected = {'vit3': None, 'inline': {'residual': True},
+                'mhla': dict(num_blocks=(2, 2), mixing_init='linear', normaliser='official',
+                             attn_norm=True, qk_norm=True)}[family]
+    assert cfg.get('attn_cfg') == expected
+    if family == 'mhla':
+        assert {k: cfg['arch'][k] for k in ('pos_embed_type', 'final_norm', 'pooled_norm')} \
+            == dict(pos_embed_type='learned', final_norm=False, pooled_norm=True)
 
 
 @pytest.mark.parametrize('size,heads,width', [('tiny', 6, 192), ('small', None, None),
@@ -239,13 +321,17 @@ def test_released_sizes_get_their_arch_word(family, size, heads, width):
     """Full-size layouts (shapes only) give the arch words; ViT³-T and InLine-DeiT-T have 6
     heads at width 192."""
     sizes = {'vit3': {'tiny': (192, 6), 'small': (384, 6), 'base': (768, 12)},
-             'inline': {'tiny': (192, 6), 'small': (320, 10), 'base': (384, 12)}}
+             'inline': {'tiny': (192, 6), 'small': (320, 10), 'base': (384, 12)},
+             'mhla': {'tiny': (192, 3), 'small': (384, 6), 'base': (768, 12)}}
     width, heads = sizes[family][size]
+    image = 256 if family == 'mhla' else 224
     state = release_state(family, width=width, heads=heads, depth=12, mlp=4 * width, patch=16,
-                          image=224, device='meta')
+                          image=image, device='meta', piece=4)
     cfg = convert_linear_release(state).model_cfg
-    word = {'vit3': 'vit3', 'inline': 'inline-deit'}[family] + f'-{size}'
-    assert cfg['arch'] == word and cfg['img_size'] == 224
+    word = {'vit3': 'vit3', 'inline': 'inline-deit', 'mhla': 'mhla'}[family] + f'-{size}'
+    assert cfg['arch'] == word and cfg['img_size'] == image
+    if family == 'mhla':
+        assert cfg['attn_cfg']['num_blocks'] == (4, 4)
     arch = LinearViT.arch_zoo[word]
     assert (arch['embed_dims'], arch['num_heads']) == (width, heads)
 
@@ -271,7 +357,7 @@ def test_converted_checkpoint_loads_strictly(family, tmp_path):
                                         | {'head.layers.head.weight', 'head.layers.head.bias'})
     record = saved['meta']['linvit_mm']['backbones']['backbone.']
     assert record['attn_types'] == [converted.model_cfg['attn_type']] * DEPTH
-    assert record['num_heads'] == [HEADS] * DEPTH
+    assert record['num_heads'] == [NUM_HEADS[family] or HEADS] * DEPTH
 
 
 def test_containers_and_ddp_prefix_are_read():
@@ -288,11 +374,11 @@ def test_containers_and_ddp_prefix_are_read():
 @pytest.mark.parametrize('family', FAMILIES)
 def test_a_tensor_without_a_place_is_refused_by_name(family):
     state = release_state(family)
-    state['blocks.1.attn.lepe.weight'] = torch.zeros(3)
+    state['blocks.1.attn.relative_bias'] = torch.zeros(3)
     state['dist_token'] = torch.zeros(1, 1, WIDTH)
-    with pytest.raises(ValueError, match=r'no place in its layout.*blocks\.1\.attn\.lepe\.weight'
-                                         r', dist_token; nothing was converted'):
-        convert_linear_release(state)
+    with pytest.raises(ValueError, match=r'no place in its layout.*blocks\.1\.attn\.'
+                                         r'relative_bias, dist_token; nothing was converted'):
+        convert_linear_release(state, num_heads=NUM_HEADS[family])
 
 
 def test_a_missing_tensor_is_refused_by_name():
@@ -313,16 +399,31 @@ def test_a_missing_tensor_is_refused_by_name():
                                         r'have: layers\.0\.attn\.cpe\.weight'),
     ('vit3', dict(attn_type='ttt', heads=3), r'shapes that differ: layers\.0\.attn\.qkv\.weight: '
                                              r'release \(84, 24\), model \(96, 24\)'),
+    ('mhla', dict(attn_type='mhla', heads=MHLA_HEADS, qkv_bias=False, pos_embed_type='learned',
+                  final_norm=False, pooled_norm=True,
+                  attn_cfg=dict(num_blocks=(2, 2), attn_norm=True, qk_norm=True)),
+     r"fit the model.*\n  - blocks \[0, 1\] do not use the official normaliser[^\n]*$"),
     ('inline', dict(attn_type='inline'), r'(?s)blocks \[0, 1\] have no local residual branch.*'
                                          r'does not have: layers\.0\.attn\.residual\.0\.weight'),
 ])
 def test_a_model_that_does_not_fit_is_refused(family, model, match):
-    converted = convert_linear_release(release_state(family))
+    converted = convert_linear_release(release_state(family), num_heads=NUM_HEADS[family])
     arch = dict(embed_dims=WIDTH, num_layers=DEPTH, num_heads=model.pop('heads', HEADS),
                 feedforward_channels=MLP, patch_size=PATCH)
     vit = LinearViT(arch=arch, img_size=IMAGE, **model)
     with pytest.raises(ValueError, match=match):
         load_linear_release(vit, converted)
+
+
+def test_mhla_heads_are_given_or_released():
+    """An MHLA ViT's tensors do not hold its heads: the released widths know theirs, any
+    other width needs num_heads; where the tensors hold them, a wrong count is refused."""
+    with pytest.raises(ValueError, match='MHLA ViT of width 24.*num_heads='):
+        convert_linear_release(release_state('mhla'))
+    with pytest.raises(ValueError, match=r'num_heads=3 was given, but blocks\.0\.attn\.w1'):
+        convert_linear_release(release_state('vit3'), num_heads=3)
+    with pytest.raises(ValueError, match='5 heads do not divide the width 24'):
+        convert_linear_release(release_state('mhla'), num_heads=5)
 
 
 def test_non_finite_release_is_refused():
@@ -336,9 +437,9 @@ def test_a_softmax_vit_or_another_family_is_refused():
     softmax = {k: v for k, v in release_state('inline').items() if '.residual.' not in k}
     with pytest.raises(ValueError, match='not one of a released linear ViT.*SoftmaxTransfer'):
         convert_linear_release(softmax)
-    mhla = dict(softmax, **{'blocks.0.attn.piece_attn.conv.weight': torch.zeros(4, 4, 1, 1)})
-    with pytest.raises(ValueError, match='MHLA.*which this converter does not read'):
-        convert_linear_release(mhla)
+    hedgehog = dict(softmax, **{'layers.0.self_attn.feature_map_q.mlp.layer': torch.zeros(2)})
+    with pytest.raises(ValueError, match='(?s)Hedgehog.*which this converter does not read'):
+        convert_linear_release(hedgehog)
     with pytest.raises(ValueError, match="unknown release family 'vit4'"):
         convert_linear_release(softmax, family='vit4')
 
@@ -349,4 +450,4 @@ def test_other_patch_size_gets_a_custom_arch():
     state = release_state('vit3', width=192, heads=6, depth=12, mlp=768, patch=8, device='meta')
     arch = convert_linear_release(state).model_cfg['arch']
     assert arch == dict(embed_dims=192, num_layers=12, num_heads=6, feedforward_channels=768,
-                        patch_size=8, pos_embed_type='none')
+                        patch_size=8, pos_embed_type='none', qkv_bias=True)

@@ -1,8 +1,11 @@
-"""Convert a released linear-attention ViT (ViT³, InLine-DeiT) into a LinearViT checkpoint.
+"""Convert a released linear-attention ViT (ViT³, InLine-DeiT, MHLA) into a LinearViT checkpoint.
 
-    python tools/model_converters/linear_release_to_linvit.py SRC OUT [--family vit3|inline]
+    python tools/model_converters/linear_release_to_linvit.py SRC OUT \
+        [--family vit3|inline|mhla] [--num-heads N]
 
-The family is told from the keys unless ``--family`` names it. Every tensor of the release
+The family is told from the keys unless ``--family`` names it; ``--num-heads`` is needed
+only for an MHLA ViT of a width other than the released 192 / 384 / 768 (its tensors do not
+hold the head count; elsewhere it is checked against them). Every tensor of the release
 must have a place in the LinearViT that computes the official forward (an unknown or missing
 one is an error naming it, and nothing is written). The output holds ``backbone.*`` and the
 classifier ``head.layers.head.*`` with the record of the ViT, so it loads strictly with
@@ -22,12 +25,14 @@ from linvit_mm.transfer.linear_releases import (LINEAR_RELEASES, convert_linear_
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='Convert a released linear ViT (ViT^3, InLine-DeiT) into a LinearViT '
-        'checkpoint that LinearViTCheckpoint loads strictly.')
+        description='Convert a released linear ViT (ViT^3, InLine-DeiT, MHLA) into a '
+        'LinearViT checkpoint that LinearViTCheckpoint loads strictly.')
     parser.add_argument('src', help='the release checkpoint')
     parser.add_argument('out', help='where to write the LinearViT checkpoint')
     parser.add_argument('--family', choices=list(LINEAR_RELEASES), default=None,
                         help='the release family (default: told from the keys)')
+    parser.add_argument('--num-heads', type=int, default=None,
+                        help='attention heads (MHLA ViTs of unreleased widths only need it)')
     return parser.parse_args(argv)
 
 
@@ -36,7 +41,7 @@ def main(argv=None):
     try:
         check_output_path(args.out, inputs=[args.src])
         converted = convert_linear_release(read_checkpoint(args.src, what='release checkpoint'),
-                                           args.family)
+                                           args.family, num_heads=args.num_heads)
         checkpoint = converted_checkpoint(converted)
     except (FileNotFoundError, ValueError) as err:
         print(f'error: {err}', file=sys.stderr)
