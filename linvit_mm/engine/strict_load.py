@@ -37,7 +37,8 @@ from linvit_mm.staged import RECORD_KEY, checkpoint_record, find_linear_vits, mo
 from linvit_mm.staged.record import ARCH_FIELDS, block_ranges
 
 __all__ = ['STRICT_LOAD_KEY', 'CheckpointMismatchError', 'ModelRecordHook',
-           'check_runner_checkpoint', 'checkpoint_fit', 'pending_checkpoint']
+           'check_runner_checkpoint', 'checkpoint_fit', 'describe_preprocessing',
+           'pending_checkpoint']
 
 # The config key of the opt-out (``strict_load = False``).
 STRICT_LOAD_KEY = 'strict_load'
@@ -75,6 +76,24 @@ class ModelRecordHook(Hook):
             record = meta.get(RECORD_KEY)
             meta[RECORD_KEY] = {**(record if isinstance(record, dict) else {}),
                                 **model_record(model)}
+            # What the model's inputs were normalised with: an aligner whose teacher this
+            # model becomes compares its own preprocessing with it.
+            preprocessing = describe_preprocessing(getattr(model, 'data_preprocessor', None))
+            if preprocessing is not None:
+                meta[RECORD_KEY]['preprocessing'] = preprocessing
+
+
+def describe_preprocessing(data_preprocessor):
+    """``{'mean': [...], 'std': [...], 'to_rgb': bool}`` of a normalising image preprocessor
+    (mmpretrain's ``ClsDataPreprocessor`` and its kin), else None."""
+    if not getattr(data_preprocessor, '_enable_normalize', False):
+        return None
+    mean, std = getattr(data_preprocessor, 'mean', None), getattr(data_preprocessor, 'std', None)
+    if mean is None or std is None:
+        return None
+    return dict(mean=[round(float(v), 6) for v in mean.flatten()],
+                std=[round(float(v), 6) for v in std.flatten()],
+                to_rgb=bool(getattr(data_preprocessor, 'to_rgb', False)))
 
 
 def pending_checkpoint(runner):

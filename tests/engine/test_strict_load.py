@@ -111,6 +111,10 @@ def test_training_checkpoints_record_the_model(relu_run):
     described = record['backbones']['backbone.']
     assert described['attn_types'] == ['relu', 'relu'] and described['embed_dims'] == 32
     assert 'stage' not in record
+    # the tiny config's ImageNet normalisation, which aligners with this teacher compare
+    assert record['preprocessing'] == dict(mean=pytest.approx([123.675, 116.28, 103.53]),
+                                           std=pytest.approx([58.395, 57.12, 57.375]),
+                                           to_rgb=True)
 
 
 @pytest.mark.parametrize('resume', ['path', 'auto'])

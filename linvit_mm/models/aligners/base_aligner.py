@@ -1,5 +1,6 @@
 """What the two alignment stages share: a student LinearViT and a frozen Softmax teacher."""
 import copy
+import os.path as osp
 from abc import abstractmethod
 
 from mmengine.model import BaseModel
@@ -184,8 +185,40 @@ class BaseAligner(BaseModel):
 
     def init_weights(self):
         """The teacher's ``init_cfg`` (its Softmax weights), then the student's."""
+        self.check_teacher_preprocessing()
         self.teacher.init_weights()
         super().init_weights()
+
+    def check_teacher_preprocessing(self):
+        """Refuse preprocessing that differs from what the teacher's checkpoint records.
+
+        Checkpoints of ``tools/train.py`` runs record the mean, std and channel order their
+        model normalised its inputs with (``meta['linvit_mm']['preprocessing']``); releases
+        and older runs record none, and nothing is compared then.
+        """
+        from linvit_mm.engine.strict_load import describe_preprocessing
+        from linvit_mm.staged import checkpoint_record
+        from linvit_mm.utils.checkpoint import load_checkpoint_file
+        init_cfgs = self.teacher.init_cfg
+        init_cfgs = init_cfgs if isinstance(init_cfgs, (list, tuple)) else [init_cfgs]
+        paths = [cfg.get('checkpoint') for cfg in init_cfgs if isinstance(cfg, dict)]
+        ours = describe_preprocessing(self.data_preprocessor) if self.preprocessing_given \
+            else None
+        for path in paths:
+            if ours is None or not isinstance(path, str) or not osp.isfile(path):
+                continue
+            record = checkpoint_record(load_checkpoint_file(path, map_location='cpu')) or {}
+            theirs = record.get('preprocessing')
+            if not isinstance(theirs, dict):
+                continue
+            differing = [f'{key}: teacher {theirs.get(key)!r}, this stage {ours[key]!r}'
+                         for key in ('mean', 'std', 'to_rgb') if theirs.get(key) != ours[key]]
+            if differing:
+                raise ValueError(
+                    f"{type(self).__name__}: the data_preprocessor differs from the one the "
+                    f"teacher's checkpoint {path} was trained with ({'; '.join(differing)}): "
+                    f'student and teacher would be aligned on inputs the teacher never saw. '
+                    f"Give the stage the teacher's preprocessing")
 
     # ------------------------------------------------------------------ tokens
     def comparable(self, student_tokens, teacher_tokens):

@@ -96,3 +96,41 @@ def test_a_preprocessor_that_normalises_nothing_is_refused_at_build(aligner, tea
                               teacher=teacher_cfg(teacher_path),
                               data_preprocessor=dict(mean=[0, 0, 0], std=[1, 1, 1])))
     assert model.preprocessing_given
+
+
+@pytest.fixture(scope='module')
+def recorded_teacher(teacher_path, tmp_path_factory):
+    """The teacher with the preprocessing record a tools/train.py run writes."""
+    import torch
+
+    from linvit_mm.engine.strict_load import describe_preprocessing
+    from linvit_mm.staged import RECORD_KEY
+    checkpoint = torch.load(teacher_path, map_location='cpu', weights_only=False)
+    preprocessor = MODELS.build(dict(type='ClsDataPreprocessor', **NORMALISE))
+    checkpoint['meta'] = {RECORD_KEY: dict(preprocessing=describe_preprocessing(preprocessor))}
+    path = tmp_path_factory.mktemp('recorded_teacher') / 'teacher.pth'
+    torch.save(checkpoint, path)
+    return path
+
+
+@pytest.mark.parametrize('aligner', ALIGNERS)
+@pytest.mark.parametrize('field, value', [
+    ('mean', [122.77, 116.75, 104.09]),  # CLIP's
+    ('to_rgb', False),
+], ids=['mean', 'to_rgb'])
+def test_preprocessing_other_than_the_teachers_recorded_one_is_refused(
+        aligner, field, value, recorded_teacher):
+    model = MODELS.build(dict(type=aligner, backbone=tiny_vit_cfg('relu'),
+                              teacher=teacher_cfg(recorded_teacher),
+                              data_preprocessor={**NORMALISE, field: value}))
+    with pytest.raises(ValueError, match=rf"differs from the one the teacher's checkpoint "
+                       rf'{recorded_teacher} was trained with \({field}: teacher'):
+        model.init_weights()
+
+
+@pytest.mark.parametrize('aligner', ALIGNERS)
+def test_the_teachers_recorded_preprocessing_is_accepted(aligner, recorded_teacher):
+    model = MODELS.build(dict(type=aligner, backbone=tiny_vit_cfg('relu'),
+                              teacher=teacher_cfg(recorded_teacher),
+                              data_preprocessor=dict(NORMALISE)))
+    model.init_weights()
