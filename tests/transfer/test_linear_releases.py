@@ -1,7 +1,7 @@
 """Released linear ViTs (ViT³, InLine-DeiT, the MHLA ViTs) converted into LinearViT: state
-dicts built here with the keys and shapes the official models have (random weights), the official forward
-written out here from reading the official model code, and the converted LinearViT held
-against it; the strict loader's refusals, by name."""
+dicts built here with the keys and shapes the official models have (random weights), the
+official forward written out here from reading the official model code, and the converted
+LinearViT held against it; the strict loader's refusals, by name."""
 import math
 from collections import OrderedDict
 
