@@ -55,8 +55,8 @@ __all__ = ['LinearSource', 'LinearSourceMatch', 'LINEAR_SOURCES', 'detect_linear
 
 _BLOCK = r'(?:^|\.)blocks\.\d+\.'
 _OURS = r'(?:^|\.)layers\.\d+\.attn\.'
-_CONVERT = ('convert it into a LinearViT checkpoint with the converter of released linear '
-            'ViTs in tools/model_converters/ and load that with '
+_CONVERT = ('convert it into a LinearViT checkpoint with '
+            'tools/model_converters/linear_release_to_linvit.py and load that with '
             "init_cfg=dict(type='LinearViTCheckpoint', checkpoint=...)")
 
 
