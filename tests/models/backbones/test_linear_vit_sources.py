@@ -44,9 +44,12 @@ def reduced(word, **changes):
 
 
 def test_every_source_word_is_covered():
-    sizes_only = {word for word, arch in LinearViT.arch_zoo.items()
-                  if set(arch) == set(ARCH_ESSENTIALS)}
-    assert set(LinearViT.arch_zoo) - sizes_only == set(SOURCE_WORDS)
+    # the words of the released linear ViTs are covered by tests/transfer/test_linear_releases.py
+    from linvit_mm.transfer.linear_releases import LINEAR_RELEASES
+    released = {word for release in LINEAR_RELEASES.values() for word in release.arch_words}
+    zoo = set(LinearViT.arch_zoo) - released
+    sizes_only = {word for word in zoo if set(LinearViT.arch_zoo[word]) == set(ARCH_ESSENTIALS)}
+    assert zoo - sizes_only == set(SOURCE_WORDS)
     # the DeiT words set sizes only, so their models are what they were
     assert sizes_only == {'t', 'tiny', 'deit-tiny', 's', 'small', 'deit-small', 'b', 'base',
                           'deit-base'}
