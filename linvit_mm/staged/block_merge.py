@@ -5,7 +5,8 @@ independent and can be trained by separate jobs (``AttentionAligner(layers=[...]
 job's checkpoint holds the whole student: its own blocks' attention trained, everything else
 as copied from the teacher. :func:`merge_aligned_blocks` takes each block's attention
 (``layers.N.attn.*``) from the job that trained it and the rest from the first job, after
-checking that the jobs fit together.
+checking that the jobs fit together and that no job holds a NaN or Inf (a job that diverged
+would pass it on to the merge).
 """
 import re
 from typing import NamedTuple
@@ -47,6 +48,12 @@ def _job(name, checkpoint):
     if not isinstance(checkpoint.get('state_dict'), dict):
         return [f'{name}: holds no state_dict']
     (prefix, described), = backbones.items()
+    from linvit_mm.transfer.formats import refuse_non_finite
+    try:
+        refuse_non_finite({key: value for key, value in checkpoint['state_dict'].items()
+                           if torch.is_tensor(value)}, {}, name)
+    except ValueError as err:
+        return [str(err)]
     return _Job(checkpoint['state_dict'], record, list(record.get('trained_layers') or []),
                 prefix, described)
 
@@ -74,7 +81,8 @@ def merge_aligned_blocks(checkpoints):
             checkpoint; checkpoints of different ViTs (record, tensor names or shapes); blocks
             trained by more than one job, or by none (Softmax blocks of a hybrid excepted);
             tensors outside the trained attention that differ between jobs (other teachers or
-            initialisations). Every problem is named; nothing is returned.
+            initialisations); a job holding NaN or Inf values, each tensor named. Every
+            problem is named; nothing is returned.
     """
     if len(checkpoints) < 2:
         raise ValueError(f'merging needs at least two checkpoints, got {len(checkpoints)}')

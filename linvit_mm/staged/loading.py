@@ -8,8 +8,10 @@ Usage in a config (``custom_imports`` with ``'linvit_mm.staged'`` registers it):
 
 Every tensor of the ViT must be in the checkpoint with its shape, and nothing else may be under
 the prefix; the checkpoint's record (see :mod:`linvit_mm.staged.record`) must name the model's
-operator for every block, its head counts and sizes. All problems are reported in one error
-before anything is copied, so a refused checkpoint leaves the model as it was.
+operator for every block, its head counts and sizes, and every tensor must be finite (the
+check ``SoftmaxTransfer`` applies: a NaN or Inf weight is what a diverged run leaves). All
+problems are reported before anything is copied, so a refused checkpoint leaves the model as
+it was.
 """
 import math
 
@@ -17,7 +19,7 @@ from mmengine.logging import print_log
 from mmengine.model.weight_init import update_init_info
 from mmengine.registry import WEIGHT_INITIALIZERS
 
-from linvit_mm.utils.checkpoint import load_checkpoint_file
+from .files import read_checkpoint
 from .record import checkpoint_record, describe_linear_vit, record_differences
 
 __all__ = ['LinearViTCheckpointInit', 'load_linear_vit_checkpoint']
@@ -76,13 +78,14 @@ def load_linear_vit_checkpoint(vit, filename, prefix='backbone.', require_record
     Raises:
         TypeError: ``vit`` is not a LinearViT.
         FileNotFoundError: no such file.
-        ValueError: the checkpoint does not fit, every reason listed; nothing was loaded.
+        ValueError: the checkpoint does not fit, every reason listed; a tensor holds NaN
+            or Inf; the file cannot be read (truncated); nothing was loaded.
     """
     from linvit_mm.models.backbones import LinearViT
     if not isinstance(vit, LinearViT):
         raise TypeError(f'LinearViTCheckpoint loads into a LinearViT, got '
                         f'{type(vit).__name__}; give the init_cfg to the LinearViT itself')
-    checkpoint = load_checkpoint_file(filename, map_location=map_location)
+    checkpoint = read_checkpoint(filename, map_location=map_location)
     state_dict = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
     state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     if not state:
@@ -109,6 +112,8 @@ def load_linear_vit_checkpoint(vit, filename, prefix='backbone.', require_record
     if problems:
         raise ValueError(f'{filename} does not fit the model ({_summary(model)}), nothing was '
                          f'loaded:\n  - ' + '\n  - '.join(problems))
+    from linvit_mm.transfer.formats import refuse_non_finite
+    refuse_non_finite({prefix + key: value for key, value in state.items()}, {}, filename)
 
     vit.load_state_dict(state, strict=True)
     stage = (record or {}).get('stage')

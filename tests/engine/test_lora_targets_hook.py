@@ -56,3 +56,20 @@ def test_lora_targets_hook_refuses_a_model_without_lora(tmp_path, mini_data_root
     cfg.custom_hooks = [dict(type='LoRATargetsHook')]
     with pytest.raises(ValueError, match='holds no LoRAModel'):
         Runner.from_cfg(cfg).train()
+
+
+def test_lora_run_checkpoints_record_what_a_merge_needs(tmp_path, mini_data_root):
+    import torch
+
+    from linvit_mm.staged import RECORD_KEY, lora_base_digest
+    cfg = make_cfg(tmp_path, mini_data_root, [dict(type='attn.qkv'), dict(type='attn.proj')])
+    # the order of the LoRA configs: StagedRecordHook writes the record LoRATargetsHook adds to
+    cfg.custom_hooks = [dict(type='LoRATargetsHook'), dict(type='StagedRecordHook')]
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    checkpoint = torch.load(tmp_path / 'iter_2.pth', map_location='cpu', weights_only=False)
+    record = checkpoint['meta'][RECORD_KEY]
+    assert list(record['backbones']) == ['backbone.module.']
+    assert record['lora'] == {'backbone': dict(
+        alpha=4, rank=2, targets=[dict(type='attn.qkv'), dict(type='attn.proj')],
+        base_sha256=lora_base_digest(runner.model.backbone))}

@@ -77,3 +77,12 @@ def test_merge_aligned_blocks_refuses_mismatched_jobs(base):
     del fewer['state_dict']['backbone.ln1.bias']
     with pytest.raises(ValueError, match=r"hold different tensors .*'backbone.ln1.bias'"):
         merge_aligned_blocks({'a.pth': job(base, [0, 2]), 'b.pth': fewer})
+
+
+@pytest.mark.parametrize('value', [float('nan'), float('inf')], ids=['nan', 'inf'])
+def test_merge_aligned_blocks_refuses_a_job_holding_non_finite_values(base, value):
+    bad = job(base, [1])
+    bad['state_dict']['backbone.layers.1.attn.proj.weight'][2, 3] = value
+    with pytest.raises(ValueError, match=r'b\.pth: 1 tensor\(s\) hold non-finite values') as info:
+        merge_aligned_blocks({'a.pth': job(base, [0, 2]), 'b.pth': bad})
+    assert 'backbone.layers.1.attn.proj.weight: 1 ' in str(info.value)

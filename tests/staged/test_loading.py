@@ -101,3 +101,25 @@ def test_staged_loader_resizes_learned_pos_embed_of_another_grid(tmp_path):
     larger = vit('relu', img_size=64)  # 8 x 8 grid instead of 4 x 4
     load_linear_vit_checkpoint(larger, str(path))
     assert larger.pos_embed.shape == (1, 65, 32)
+
+
+@pytest.mark.parametrize('value', [float('nan'), float('-inf')], ids=['nan', 'inf'])
+def test_staged_loader_refuses_non_finite_weights(tmp_path, value):
+    source = vit('relu')
+    with torch.no_grad():
+        source.layers[1].attn.qkv.weight[4, 2] = value
+    path = write_recorded_checkpoint(tmp_path / 'diverged.pth', source)
+    model = vit('relu', seed=3)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r'diverged\.pth: 1 tensor\(s\) hold non-finite') as info:
+        load_linear_vit_checkpoint(model, str(path))
+    assert 'backbone.layers.1.attn.qkv.weight: 1 ' in str(info.value)
+    assert unchanged(model, before)
+
+
+def test_staged_loader_names_a_truncated_file(tmp_path):
+    path = write_recorded_checkpoint(tmp_path / 'stage1.pth', vit('relu'))
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) - 100])
+    with pytest.raises(ValueError, match=f'checkpoint {path} cannot be read, it is truncated'):
+        load_linear_vit_checkpoint(vit('relu'), str(path))

@@ -54,3 +54,17 @@ def test_lora_targets_that_adapt_nothing_are_found():
 def test_lora_merge_needs_a_lora_model():
     with pytest.raises(ValueError, match='holds no LoRAModel'):
         merged_state_dict(MODELS.build(classifier(tiny_vit_cfg('relu'))))
+
+
+def test_lora_base_digest_tells_the_frozen_weights_apart_not_the_factors():
+    from linvit_mm.staged import lora_base_digest
+    model = lora_classifier('relu')
+    digest = lora_base_digest(model.backbone)
+    with torch.no_grad():
+        model.backbone.module.layers[0].attn.qkv.lora_up.weight.add_(1.0)
+    assert lora_base_digest(model.backbone) == digest
+    again = lora_classifier('relu')  # same seed, same base
+    assert lora_base_digest(again.backbone) == digest
+    with torch.no_grad():
+        again.backbone.module.layers[2].ln1.bias[5] += 1e-6
+    assert lora_base_digest(again.backbone) != digest

@@ -77,3 +77,38 @@ def test_merge_aligned_blocks_tool_refuses_and_writes_nothing(jobs, tmp_path, ca
     assert not out.exists()
     assert tool.main([str(jobs['b']), str(jobs['a']), str(jobs['b'])]) == 1
     assert 'is one of the inputs' in capsys.readouterr().err
+
+
+def test_merge_aligned_blocks_tool_refuses_a_job_holding_nan(jobs, tmp_path, capsys):
+    checkpoint = torch.load(jobs['b'], weights_only=False)
+    checkpoint['state_dict']['backbone.layers.1.attn.qkv.weight'][0, 0] = float('nan')
+    torch.save(checkpoint, jobs['b'])
+    out = tmp_path / 'merged.pth'
+    assert tool.main([str(out), str(jobs['a']), str(jobs['b'])]) == 1
+    err = capsys.readouterr().err
+    assert f'{jobs["b"]}: 1 tensor(s) hold non-finite values' in err
+    assert 'backbone.layers.1.attn.qkv.weight: 1 NaN of' in err
+    assert not out.exists()
+
+
+def test_merge_aligned_blocks_tool_names_a_truncated_job(jobs, tmp_path, capsys):
+    data = jobs['b'].read_bytes()
+    jobs['b'].write_bytes(data[:len(data) // 2])
+    out = tmp_path / 'merged.pth'
+    assert tool.main([str(out), str(jobs['a']), str(jobs['b'])]) == 1
+    assert (f'alignment checkpoint {jobs["b"]} cannot be read, it is truncated or damaged'
+            in capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_merge_aligned_blocks_tool_checks_out_before_reading_any_job(jobs, tmp_path, capsys):
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('')
+    # the second job cannot be read: the OUT error first shows that nothing was read
+    jobs['b'].write_bytes(b'')
+    assert tool.main([str(blocker / 'merged.pth'), str(jobs['a']), str(jobs['b'])]) == 1
+    err = capsys.readouterr().err
+    assert f'cannot be created: {blocker} is a file, not a directory' in err
+    assert 'cannot be read' not in err
+    assert tool.main([str(tmp_path), str(jobs['a']), str(jobs['b'])]) == 1
+    assert f'OUT {tmp_path} is a directory' in capsys.readouterr().err

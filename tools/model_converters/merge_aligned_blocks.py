@@ -10,7 +10,9 @@ Each block's attention (``backbone.layers.N.attn.*``) comes from the job that tr
 everything else from the first job. Refused, with every reason named and nothing written:
 a checkpoint without an attention-alignment record (runs with ``StagedRecordHook`` have
 one), checkpoints of different ViTs, a block trained by two jobs or by none, and jobs that
-differ outside the trained attention (other teachers or initialisations). The output is
+differ outside the trained attention (other teachers or initialisations), a job holding
+NaN or Inf values (a diverged job), an input that cannot be read (truncated), and an OUT that
+cannot be written (a directory, or a path under a regular file: checked first). The output is
 written atomically (a complete file or none) and loads into stage 2 like the checkpoint of a
 single job (``LinearViTCheckpoint``).
 """
@@ -21,8 +23,7 @@ import sys
 from mmengine.runner.checkpoint import save_checkpoint
 
 import linvit_mm.engine  # noqa: F401  (the atomic_local file backend)
-from linvit_mm.staged import merge_aligned_blocks
-from linvit_mm.utils.checkpoint import load_checkpoint_file
+from linvit_mm.staged import check_output_path, merge_aligned_blocks, read_checkpoint
 
 
 def parse_args(argv=None):
@@ -48,7 +49,8 @@ def main(argv=None):
               file=sys.stderr)
         return 1
     try:
-        loaded = {path: load_checkpoint_file(path, map_location='cpu')
+        check_output_path(args.out)
+        loaded = {path: read_checkpoint(path, what='alignment checkpoint')
                   for path in args.checkpoints}
         merged = merge_aligned_blocks(loaded)
     except (FileNotFoundError, ValueError) as err:

@@ -11,12 +11,17 @@ loads the checkpoint into it and writes the state dict of the same model without
 
 The output has the keys of the plain model (``backbone.layers.N.attn.qkv.weight``,
 ``head.*``), so dense configs, ``tools/test.py`` with the config's plain twin, and
-``LinearViTCheckpoint`` (it records the operators) load it unchanged. A checkpoint that the
-config's model does not fit (a missing or extra factor, another shape) is refused with the
-keys named; the output is written atomically (a complete file or none).
+``LinearViTCheckpoint`` (it records the operators) load it unchanged.
+
+Refused with every reason named, before anything is written: a checkpoint whose recorded
+alpha, rank or targets differ from the config's, or whose factors were trained on other base
+weights than the config loads (runs with ``LoRATargetsHook`` record both); a checkpoint
+without that record, unless ``--allow-unrecorded`` (then the config is trusted, with a
+warning); missing, extra or misshaped factors; NaN or Inf in the checkpoint, the base
+weights or the merged weights; an unreadable input or an OUT that cannot be written. The
+output is written atomically (a complete file or none).
 """
 import argparse
-import os.path as osp
 import sys
 
 from mmengine.config import Config, DictAction
@@ -24,9 +29,7 @@ from mmengine.registry import MODELS, init_default_scope
 from mmengine.runner.checkpoint import save_checkpoint
 
 import linvit_mm.engine  # noqa: F401  (the atomic_local file backend)
-from linvit_mm.staged import (RECORD_KEY, checkpoint_record, describe_linear_vit,
-                              find_lora_models, merged_state_dict)
-from linvit_mm.utils.checkpoint import load_checkpoint_file
+from linvit_mm.staged import check_output_path, merge_lora_checkpoint, read_checkpoint
 
 
 def parse_args(argv=None):
@@ -37,73 +40,37 @@ def parse_args(argv=None):
     parser.add_argument('out', help='where to write the merged checkpoint')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, key=value, as for the run')
+    parser.add_argument('--allow-unrecorded', action='store_true',
+                        help='merge a checkpoint that does not record the LoRA settings and '
+                             'base weights it was trained with (written before runs recorded '
+                             'them), trusting the config')
     return parser.parse_args(argv)
 
 
-def check_fits(model, state, filename):
-    """Refuse a checkpoint whose factors and other tensors are not exactly the model's."""
-    expected = model.state_dict()  # LoRAModel keeps its factors only, beside the rest
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    mismatched = [f'{key}: checkpoint {tuple(state[key].shape)}, model '
-                  f'{tuple(expected[key].shape)}' for key in sorted(set(expected) & set(state))
-                  if state[key].shape != expected[key].shape]
-    problems = []
-    if missing:
-        problems.append(f'missing: {", ".join(missing)}')
-    if unexpected:
-        problems.append(f'not in the model: {", ".join(unexpected)}')
-    if mismatched:
-        problems.append(f'shapes that differ: {"; ".join(mismatched)}')
-    if problems:
-        raise ValueError(f'{filename} does not fit the LoRA model of the config (another '
-                         f'config, rank or targets?):\n  - ' + '\n  - '.join(problems))
-
-
-def merge(cfg, filename):
+def merge(cfg, filename, allow_unrecorded=False):
     """The merged checkpoint (``state_dict`` and ``meta``) of ``filename``, a checkpoint of a
-    run of ``cfg``."""
+    run of ``cfg`` (see :func:`linvit_mm.staged.merge_lora_checkpoint`)."""
+    checkpoint = read_checkpoint(filename, what='LoRA checkpoint')
     init_default_scope(cfg.get('default_scope', 'mmpretrain'))
     # LoRAModel initialises its module (the frozen weights) when it is built; the rest of the
     # model comes from the checkpoint, so init_weights (the head's initialiser) is not run.
     model = MODELS.build(cfg.model)
-    lora_models = find_lora_models(model)
-    if not lora_models:
-        raise ValueError(f'the model of the config ({type(model).__name__}) holds no '
-                         f'LoRAModel: nothing to merge')
-    checkpoint = load_checkpoint_file(filename, map_location='cpu')
-    state = checkpoint.get('state_dict', checkpoint)
-    check_fits(model, state, filename)
-    model.load_state_dict(state, strict=True)
-
-    meta = dict(checkpoint.get('meta') or {})
-    record = dict(checkpoint_record(checkpoint) or {})
-    record.update(
-        backbones={prefix: describe_linear_vit(lora_model.module)
-                   for prefix, lora_model in lora_models.items()
-                   if hasattr(lora_model.module, 'layers')},
-        stage='lora-merged',
-        # plain dicts: a checkpoint holding config objects would not load weights-only
-        lora={prefix.rstrip('.'): dict(alpha=lora_model.alpha, rank=lora_model.rank,
-                                       targets=[dict(t) for t in lora_model.targets])
-              for prefix, lora_model in lora_models.items()},
-        merged_from=osp.abspath(filename))
-    meta[RECORD_KEY] = record
-    return dict(state_dict=merged_state_dict(model), meta=meta)
+    return merge_lora_checkpoint(model, checkpoint, filename,
+                                 allow_unrecorded=allow_unrecorded)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if osp.exists(args.out) and osp.exists(args.checkpoint) and osp.samefile(
-            args.out, args.checkpoint):
-        print(f'error: OUT {args.out!r} is the checkpoint to merge; give another path',
-              file=sys.stderr)
+    try:
+        check_output_path(args.out, inputs=[args.checkpoint])
+    except ValueError as err:
+        print(f'error: {err}', file=sys.stderr)
         return 1
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
     try:
-        merged = merge(cfg, args.checkpoint)
+        merged = merge(cfg, args.checkpoint, allow_unrecorded=args.allow_unrecorded)
     except (FileNotFoundError, ValueError) as err:
         print(f'error: {err}', file=sys.stderr)
         return 1
