@@ -137,13 +137,14 @@ class PoisonState(Hook):
                 param[0, 0] = math.nan
 
 
-def diverging_cfg(work_dir, mini_data_root, max_iters, **checkpoint):
-    """The tiny classifier at lr 1e6 without clipping, a checkpoint every iteration."""
+def diverging_cfg(work_dir, mini_data_root, max_iters, lr=1e6, **checkpoint):
+    """The tiny classifier at ``lr`` (1e6: diverging) without clipping, by default a checkpoint
+    every iteration."""
     cfg = Config.fromfile(str(TINY_CONFIG))
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         cfg[loader].dataset.data_root = str(mini_data_root / 'imagenet')
     cfg.work_dir = str(work_dir)
-    cfg.optim_wrapper = dict(optimizer=dict(type='AdamW', lr=1e6, weight_decay=0.05))
+    cfg.optim_wrapper = dict(optimizer=dict(type='AdamW', lr=lr, weight_decay=0.05))
     cfg.train_cfg.max_iters = max_iters
     cfg.train_cfg.val_interval = max_iters
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False,
@@ -191,17 +192,47 @@ def test_diverging_run_names_the_last_finite_checkpoint(tmp_path, mini_data_root
     assert all(finite_checkpoint(p) for p in tmp_path.glob('*.pth'))
 
 
-@pytest.mark.parametrize('saving', [
-    dict(interval=100),  # only the last checkpoint, at iteration 2
-    dict(interval=100, save_last=False, save_best='accuracy/top1'),
-], ids=['last', 'best'])
-def test_last_and_best_checkpoints_of_a_non_finite_state_are_not_written(
-        tmp_path, mini_data_root, saving):
-    runner = Runner.from_cfg(diverging_cfg(tmp_path, mini_data_root, 2, **saving))
+def test_the_last_checkpoint_of_a_non_finite_state_is_refused_before_old_ones_go(
+        tmp_path, mini_data_root):
+    # keep one checkpoint: CheckpointHook removes iter_2.pth before it writes iter_3.pth, so
+    # the state must be refused before it acts
+    runner = Runner.from_cfg(diverging_cfg(tmp_path, mini_data_root, 3, lr=1e-3, interval=2,
+                                           max_keep_ckpts=1))
+    runner.register_hook(PoisonState(at=3, where='exp_avg_sq'))
+    with pytest.raises(FloatingPointError) as error:
+        runner.train()
+    kept = str(tmp_path / 'iter_2.pth')
+    assert 'the checkpoint of iteration 3 was not written' in str(error.value)
+    assert f'the last finite checkpoint of this run is {kept}' in str(error.value)
+    assert sorted(p.name for p in tmp_path.glob('*.pth')) == ['iter_2.pth']
+
+
+def test_the_best_checkpoint_of_a_non_finite_state_is_not_written(tmp_path, mini_data_root):
+    runner = Runner.from_cfg(diverging_cfg(tmp_path, mini_data_root, 2, lr=1e-3, interval=100,
+                                           save_last=False, save_best='accuracy/top1'))
     runner.register_hook(PoisonState(at=2, where='exp_avg_sq'))
     with pytest.raises(FloatingPointError, match='optimizer exp_avg_sq of backbone') as error:
         runner.train()
+    assert 'the best checkpoint at iteration 2 was not written' in str(error.value)
     assert 'no finite checkpoint of this run was written' in str(error.value)
+    assert not list(tmp_path.glob('*.pth'))
+
+
+class SaveDirectly(Hook):
+    """Saves through ``runner.save_checkpoint`` itself, ahead of the checks of the hook."""
+
+    priority = 'HIGH'
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        runner.save_checkpoint(runner.work_dir, 'direct.pth')
+
+
+def test_a_save_by_another_path_is_refused_too(tmp_path, mini_data_root):
+    runner = Runner.from_cfg(diverging_cfg(tmp_path, mini_data_root, 2, lr=1e-3, interval=100))
+    runner.register_hook(PoisonState(at=1, where='weight'))
+    runner.register_hook(SaveDirectly())
+    with pytest.raises(FloatingPointError, match='the checkpoint being saved was not written'):
+        runner.train()
     assert not list(tmp_path.glob('*.pth'))
 
 

@@ -90,13 +90,15 @@ class FiniteLossHook(Hook):
 
     def __init__(self):
         self._last_finite = None
-        self._steps = 0
-        self._checked_at = None
+        # whether the state was checked since the last update (before_train_iter clears it)
+        self._checked = False
         self._training = False
 
     # ------------------------------------------------------------------ loss
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self._checked = False
+
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
-        self._steps += 1
         self._note_saved(runner)
         losses = {name: value for name, value in (outputs or {}).items() if 'loss' in name}
         if not losses:
@@ -120,15 +122,15 @@ class FiniteLossHook(Hook):
             runner.logger.error(message)
             raise FloatingPointError(message)
         if self._save_due(runner, by_epoch=False):
-            self._check_state(runner, 'the checkpoint of iteration', reduce=True)
+            self._check_state(runner, runner.iter + 1, f'the checkpoint of iteration '
+                              f'{runner.iter + 1}', reduce=True)
 
     # ------------------------------------------------------------------ state
     def before_train(self, runner):
         self._training = True
-        self._steps = 0
         self._note_saved(runner)
         bad = self._bad_state(runner, reduce=True)
-        self._checked_at = self._steps
+        self._checked = True
         if bad:
             self._last_finite = None
             message = (f'the run starts from non-finite parameters or optimizer state '
@@ -144,29 +146,33 @@ class FiniteLossHook(Hook):
     def after_train_epoch(self, runner):
         self._note_saved(runner)
         if self._save_due(runner, by_epoch=True):
-            self._check_state(runner, 'the checkpoint of epoch', reduce=True)
+            self._check_state(runner, runner.iter,
+                              f'the checkpoint of epoch {runner.epoch + 1}', reduce=True)
 
     def after_val_epoch(self, runner, metrics=None):
         self._note_saved(runner)
         if self._training and any(isinstance(hook, CheckpointHook) and hook.save_best
                                   for hook in runner.hooks):
-            self._check_state(runner, 'the best checkpoint at iteration', reduce=True)
+            self._check_state(runner, runner.iter,
+                              f'the best checkpoint at iteration {runner.iter}', reduce=True)
 
     def before_save_checkpoint(self, runner, checkpoint):
         # runner.save_checkpoint runs on the main process only: no collective here
-        if self._training and self._checked_at != self._steps:
-            self._check_state(runner, 'a checkpoint at iteration', reduce=False)
+        if self._training and not self._checked:
+            # saved from within another hook: which iteration is done is not known here
+            self._check_state(runner, None, 'the checkpoint being saved', reduce=False)
 
-    def _check_state(self, runner, what, reduce):
+    def _check_state(self, runner, iteration, what, reduce):
+        # ``iteration``: how many iterations are done, the last one's update being checked
         bad = self._bad_state(runner, reduce)
-        self._checked_at = self._steps
+        self._checked = True
         if not bad:
             return
-        step = (runner.epoch + 1 if what.endswith('epoch') else runner.iter + 1)
         message = (
-            f'non-finite parameters or optimizer state after iteration {runner.iter + 1}'
-            f'{self._epoch(runner)} ({self._listed(bad)}), although the loss was finite (it is '
-            f'computed before the update); {what} {step} was not written. '
+            f'non-finite parameters or optimizer state'
+            + (f' after iteration {iteration}' if iteration is not None else '')
+            + f'{self._epoch(runner)} ({self._listed(bad)}), although the loss was finite (it is '
+            f'computed before the update); {what} was not written. '
             f'{self._resume_advice(runner)} Look at the learning rate (lower it, clip '
             f'gradients: optim_wrapper.clip_grad) or the loss weights.')
         runner.logger.error(message)
