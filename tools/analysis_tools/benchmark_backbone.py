@@ -58,6 +58,13 @@ Example::
     python tools/analysis_tools/benchmark_backbone.py --device cuda --repeats 20
     python tools/analysis_tools/benchmark_backbone.py --operators softmax relu hedgehog \
         relu+softmax@0,11 --sizes 1024 2048
+    python tools/analysis_tools/benchmark_backbone.py --operators softmax mhla mhla-offnorm \
+        mhla-official --sizes 224 1024 2048
+
+Operator forms
+    ``--operators`` also takes the names of ``OPERATOR_VARIANTS``: ``mhla-offnorm`` (mhla
+    with the authors' normaliser) and ``mhla-official`` (the authors' module: their
+    normaliser, its own LayerNorm, RMSNorm of q and k, 4 x 4 blocks, no qkv bias).
     python tools/analysis_tools/benchmark_backbone.py --busy-neighbour
 
 Busy neighbour (``--busy-neighbour``)
@@ -85,6 +92,7 @@ from pathlib import Path
 import torch
 
 from linvit_mm.models.attention import attention_types
+from linvit_mm.models.attention.mhla import OFFICIAL_IMAGENET
 from linvit_mm.models.backbones.hybrid import (describe_attn_types, parse_attn_spec,
                                                resolve_attn_types)
 from linvit_mm.cpu_threads import usable_cores, usable_cpus
@@ -110,6 +118,12 @@ HYBRID_EXCESS = 1.1
 # Above glibc's default threshold, below every activation of interest.
 MMAP_THRESHOLD = 128 * 1024
 PROBE_GRID = 2  # patches per side of the subprocess's warm-up input
+# Forms of an operator measured under their own names beside its default form:
+# name -> (operator, extra LinearViT arguments).
+OPERATOR_VARIANTS = {
+    'mhla-offnorm': ('mhla', dict(attn_cfg=dict(normaliser='official'))),
+    'mhla-official': ('mhla', dict(attn_cfg=OFFICIAL_IMAGENET, qkv_bias=False)),
+}
 
 
 # ---------------------------------------------------------------- model construction
@@ -117,7 +131,9 @@ def build_backbone(attn_type, arch, size, patch_size=16, init=True):
     """A LinearViT for ``size``-px inputs; ``init`` runs the DeiT initialisation (values
     only matter for timing through denormals and the like, never for MAC counts)."""
     from linvit_mm.models.backbones.linear_vit import LinearViT
-    model = LinearViT(arch=arch, attn_type=attn_type, img_size=size, patch_size=patch_size)
+    attn_type, extra = OPERATOR_VARIANTS.get(attn_type, (attn_type, {}))
+    model = LinearViT(arch=arch, attn_type=attn_type, img_size=size, patch_size=patch_size,
+                      **extra)
     if not init:
         return model
     with quiet_mmengine_logs():
@@ -409,14 +425,15 @@ def format_table(rows, size):
     load = '' if load is None else f'; other processes kept {load:.2f} cores busy meanwhile'
     retakes = sum(row.get('retakes') or 0 for row in group)
     load += f' ({retakes} pairs retaken)' if retakes else ''
+    width = max(9, *(len(row['operator']) for row in group))
     head = (f'{size}x{size} px, {group[0]["patch_tokens"]} patch tokens, median of '
             f'{group[0].get("repeats", "?")}{load}\n'
-            f'{"operator":9s} {"fwd ms":>10s} {"train ms":>10s} {"peak MiB":>9s} '
+            f'{"operator":{width}s} {"fwd ms":>10s} {"train ms":>10s} {"peak MiB":>9s} '
             f'{"x fwd":>7s} {"x train":>7s} {"MAC bound":>9s} {"fwd/bnd":>8s} {"trn/bnd":>8s} '
             f'{"cpu x fwd":>9s} {"cpu x trn":>9s}')
     lines = [head, '-' * len(head.splitlines()[1])]
     for row in group:
-        lines.append(f'{row["operator"]:9s} {row["fwd_ms"]:10.1f} {row["train_ms"]:10.1f} '
+        lines.append(f'{row["operator"]:{width}s} {row["fwd_ms"]:10.1f} {row["train_ms"]:10.1f} '
                      f'{_fmt(row["peak_mib"], "9.1f")} {_fmt(row["speedup_fwd"], "6.2f")}x '
                      f'{_fmt(row["speedup_train"], "6.2f")}x {_fmt(row["mac_bound"], "8.2f")}x '
                      f'{_fmt(row["fwd_pct_of_bound"], "7.0f")}% '
@@ -428,15 +445,15 @@ def format_table(rows, size):
 
 def is_hybrid(operator):
     """Whether an ``--operators`` entry is a hybrid (``relu+softmax@0,11``)."""
-    return not isinstance(parse_attn_spec(operator), str)
+    return operator not in OPERATOR_VARIANTS and not isinstance(parse_attn_spec(operator), str)
 
 
 def bound_fractions(operators):
     """``{operator: bound_fraction_target}`` of the measured operators that have one
     (hybrids have their own target, ``HYBRID_EXCESS``)."""
     from linvit_mm.models.attention import attention_class
-    fractions = {op: attention_class(op).bound_fraction_target for op in operators
-                 if not is_hybrid(op)}
+    fractions = {op: attention_class(OPERATOR_VARIANTS.get(op, (op,))[0]).bound_fraction_target
+                 for op in operators if not is_hybrid(op)}
     return {op: fraction for op, fraction in fractions.items() if fraction is not None}
 
 
@@ -612,8 +629,9 @@ def parse_args(argv=None):
     operators = attention_types()
     parser.add_argument('--operators', nargs='+', default=operators,
                         help=f'operators to compare (default: all of {", ".join(operators)}; '
-                             f'{REFERENCE} is the reference of every ratio), and hybrids such '
-                             f'as relu+softmax@0,11 (relu, Softmax in blocks 0 and 11)')
+                             f'{REFERENCE} is the reference of every ratio), hybrids such '
+                             f'as relu+softmax@0,11 (relu, Softmax in blocks 0 and 11), and '
+                             f'the operator forms {", ".join(OPERATOR_VARIANTS)}')
     parser.add_argument('--sizes', nargs='+', type=int, default=list(DEFAULT_SIZES),
                         help='square input sizes in px (multiples of the patch size)')
     parser.add_argument('--arch', default='small',
@@ -661,7 +679,8 @@ def parse_args(argv=None):
     try:
         depth = LinearViT.resolve_arch(args.arch)['num_layers']
         # a hybrid as LinearViT.attn_type writes it, so rows and models agree on its name
-        args.operators = [describe_attn_types(resolve_attn_types(op, depth))
+        args.operators = [op if op in OPERATOR_VARIANTS
+                          else describe_attn_types(resolve_attn_types(op, depth))
                           for op in args.operators]
     except (TypeError, ValueError) as err:
         parser.error(f'--operators: {err}')

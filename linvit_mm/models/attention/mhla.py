@@ -54,8 +54,8 @@ class BlockLayout(NamedTuple):
 
     The block count is fixed by the module and the block size follows the grid
     (``ceil(H / rows) x ceil(W / cols)``), so the mixing matrix keeps its meaning at any
-    resolution, unless the module fixes the block size too. The grid is zero-padded at the bottom and right up to
-    ``padded_h x padded_w``.
+    resolution, unless the module fixes the block size too. The grid is zero-padded at the
+    bottom and right up to ``padded_h x padded_w``.
     """
 
     rows: int
@@ -397,7 +397,10 @@ class MultiHeadLinearAttention(BaseAttention):
                 normaliser = (mixing @ own).unsqueeze(-1)
                 if num_extra:
                     normaliser = normaliser + q_blocks @ extra_z[:, :, None, :, None]
-            out = self._blocks_to_tokens(numerator / (normaliser + self.eps), hw_shape, layout)
+            # one reciprocal per query, then a product: the backward of a division by a
+            # broadcast denominator costs three more passes over the numerator
+            out = self._blocks_to_tokens(numerator * (normaliser + self.eps).reciprocal(),
+                                         hw_shape, layout)
             if num_extra:
                 # Extra queries read the unmixed sum over every token.
                 total = state.sum(dim=2) + extra_state
@@ -586,7 +589,8 @@ class MultiHeadLinearAttention(BaseAttention):
         padded_patches = layout.num_blocks * layout.block_h * layout.block_w
         padded = num_extra + padded_patches
         if self.normaliser == 'official':
-            mixing = layout.num_blocks**2 * C * d + layout.num_blocks * padded_patches * self.num_heads
+            mixing = (layout.num_blocks**2 * C * d
+                      + layout.num_blocks * padded_patches * self.num_heads)
         else:
             mixing = layout.num_blocks**2 * C * (d + 1)
         return 2 * padded * C * d + 2 * padded * C + mixing + self.rotation_macs(padded_patches)

@@ -231,7 +231,8 @@ def test_each_official_switch_is_needed(switch, value):
     side, piece = 8, 4
     official, module = official_and_ours(side, piece)
     changed = MultiHeadLinearAttention(
-        EMBED_DIMS, NUM_HEADS, **dict(OFFICIAL_IMAGENET, num_blocks=(2, 2), qkv_bias=False, **{switch: value}))
+        EMBED_DIMS, NUM_HEADS,
+        **dict(OFFICIAL_IMAGENET, num_blocks=(2, 2), qkv_bias=False, **{switch: value}))
     changed.double().load_state_dict(module.state_dict(), strict=False)
     x = tokens(side)
     with torch.no_grad():
@@ -362,3 +363,27 @@ def test_official_module_refuses_what_it_cannot_hold():
         MultiHeadLinearAttention(EMBED_DIMS, NUM_HEADS, normaliser='shifted')
     with pytest.raises(ValueError, match='block_size'):
         MultiHeadLinearAttention(EMBED_DIMS, NUM_HEADS, block_size=(4, 0))
+
+
+def test_benchmark_measures_the_official_forms_by_name():
+    """The backbone benchmark's MHLA forms build the switches they are named for, their
+    rows carry mhla's bound target, and they pass ``--operators`` as they are."""
+    import importlib.util
+    path = REPO / 'tools' / 'analysis_tools' / 'benchmark_backbone.py'
+    spec = importlib.util.spec_from_file_location('benchmark_backbone', path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    arch = dict(embed_dims=EMBED_DIMS, num_layers=1, num_heads=NUM_HEADS,
+                feedforward_channels=48)
+    official = bench.build_backbone('mhla-official', arch, 64, init=False).layers[0].attn
+    assert (official.normaliser, official.num_blocks, official.qkv.bias) == ('official', (4, 4),
+                                                                              None)
+    assert isinstance(official.norm, nn.LayerNorm) and isinstance(official.k_norm, nn.RMSNorm)
+    offnorm = bench.build_backbone('mhla-offnorm', arch, 64, init=False).layers[0].attn
+    assert (offnorm.normaliser, offnorm.num_blocks) == ('official', (2, 2))
+    assert isinstance(offnorm.norm, nn.Identity) and offnorm.qkv.bias is not None
+    fractions = bench.bound_fractions(['mhla', 'mhla-official'])
+    target = MultiHeadLinearAttention.bound_fraction_target
+    assert fractions['mhla-official'] == fractions['mhla'] == target
+    args = bench.parse_args(['--operators', 'softmax', 'mhla-official', '--no-memory'])
+    assert args.operators == ['softmax', 'mhla-official']
