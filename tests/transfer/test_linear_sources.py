@@ -40,7 +40,8 @@ def softmax_vit_state(cls_token=True, pos_embed=True, qkv_rows=3 * C, proj_in=C)
                       (block + 'norm2.weight', rand(C)), (block + 'norm2.bias', rand(C)),
                       (block + 'mlp.fc1.weight', rand(2 * C, C)),
                       (block + 'mlp.fc1.bias', rand(2 * C)),
-                      (block + 'mlp.fc2.weight', rand(C, 2 * C)), (block + 'mlp.fc2.bias', rand(C))])
+                      (block + 'mlp.fc2.weight', rand(C, 2 * C)),
+                      (block + 'mlp.fc2.bias', rand(C))])
     state.update([('norm.weight', rand(C)), ('norm.bias', rand(C)), ('head.weight', rand(10, C)),
                   ('head.bias', rand(10))])
     return state
