@@ -141,6 +141,31 @@ def fast_helpers_broken(*more):
         yield
 
 
+def assert_common_defaults(attn_type, **specific):
+    """``build_attention(attn_type, embed_dims, num_heads)`` alone has the defaults every
+    operator documents (a qkv bias, no LayerScale, no dropout, no RoPE) and the operator's
+    own ``specific`` attribute values."""
+    module = build_attention(attn_type, embed_dims=EMBED_DIMS, num_heads=NUM_HEADS)
+    assert module.qkv.bias is not None, 'qkv_bias defaults to True'
+    assert isinstance(module.gamma1, torch.nn.Identity), 'no LayerScale by default'
+    assert module.proj_drop.p == 0 and module.attn_drop == 0, 'no dropout by default'
+    assert module.rope is None, 'no RoPE by default'
+    for name, value in specific.items():
+        assert getattr(module, name) == value, f'{name} defaults to {value!r}'
+
+
+def assert_oracle_ignores_autocast(oracle, qkv, *args, tol=1e-5):
+    """``oracle(qkv, *args)`` of float32 ``qkv`` under bf16 autocast is float32 and equals the
+    oracle in float64 (which autocast never touches): the oracle checks the fast forms'
+    autocast paths, so it must not itself run in bf16."""
+    expected = oracle(qkv.double(), *args)
+    with torch.autocast(qkv.device.type, dtype=torch.bfloat16):
+        got = oracle(qkv.float(), *args)
+    for e, g in zip(tree_leaves(expected), tree_leaves(got), strict=True):
+        assert g.dtype == torch.float32, f'oracle ran in {g.dtype} under bf16 autocast'
+        assert_rel_close(g.double(), e, tol, 'oracle under bf16 autocast')
+
+
 def _as_fixture(helper):
     """A fixture named like ``helper`` that returns it."""
     return pytest.fixture(name=helper.__name__)(lambda: helper)
@@ -156,3 +181,5 @@ assert_map_matches_naive_fixture = _as_fixture(assert_map_matches_naive)
 recorded_ops_fixture = _as_fixture(recorded_ops)
 largest_intermediate_fixture = _as_fixture(largest_intermediate)
 fast_helpers_broken_fixture = _as_fixture(fast_helpers_broken)
+assert_common_defaults_fixture = _as_fixture(assert_common_defaults)
+assert_oracle_ignores_autocast_fixture = _as_fixture(assert_oracle_ignores_autocast)

@@ -178,3 +178,16 @@ def test_kernel_rejects_bad_feature_map_and_eps():
         KernelAttention(24, 3, feature_map='gelu')
     with pytest.raises(ValueError, match='eps'):
         KernelAttention(24, 3, eps=0.)
+
+
+@pytest.mark.parametrize('attn_type', ['elu', 'relu'])
+def test_documented_defaults(attn_type, assert_common_defaults):
+    assert_common_defaults(attn_type, feature_map=attn_type, eps=1e-6)
+    plain = KernelAttention(embed_dims=24, num_heads=3)
+    assert (plain.feature_map, plain.eps) == ('relu', 1e-6)
+
+
+@pytest.mark.parametrize('feature_map', ['elu', 'relu'])
+def test_naive_form_ignores_autocast(feature_map, assert_oracle_ignores_autocast):
+    qkv = torch.randn(2, 13, 3 * 24, generator=torch.Generator().manual_seed(0))
+    assert_oracle_ignores_autocast(naive_kernel_attention, qkv, 3, feature_map, 1e-6)
