@@ -30,7 +30,7 @@ the record into each checkpoint.
 import re
 
 from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
+from mmengine.model import BaseTTAModel, is_model_wrapper
 from mmengine.registry import HOOKS
 
 from linvit_mm.staged import RECORD_KEY, checkpoint_record, find_linear_vits, model_record
@@ -53,7 +53,11 @@ class CheckpointMismatchError(ValueError):
 
 
 def _unwrap(model):
-    return model.module if is_model_wrapper(model) else model
+    """The model a checkpoint's keys name: mmengine's ``load_state_dict`` looks through model
+    wrappers and test-time-augmentation models (``tools/test.py --tta``) alike."""
+    while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
+        model = model.module
+    return model
 
 
 @HOOKS.register_module()

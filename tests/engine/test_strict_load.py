@@ -250,6 +250,25 @@ def test_a_model_without_a_linear_vit_loads_as_mmengine_loads_it(tmp_path):
     assert check_runner_checkpoint(runner) == []
 
 
+def test_a_test_time_augmentation_model_is_checked_as_mmengine_loads_it(tmp_path):
+    # tools/test.py --tta wraps the classifier: the checkpoint's keys name the inner model
+    from mmpretrain.models import AverageClsScoreTTA, ImageClassifier
+    classifier = ImageClassifier(backbone=tiny_backbone(),
+                                 head=dict(type='LinearClsHead', num_classes=3, in_channels=32))
+    ckpt = tmp_path / 'classifier.pth'
+    torch.save(dict(state_dict=classifier.state_dict()), ckpt)
+    from mmengine.logging import MMLogger
+    runner = SimpleNamespace(model=AverageClsScoreTTA(module=classifier), _has_loaded=False,
+                             _resume=False, _load_from=str(ckpt), cfg=Config(),
+                             work_dir=str(tmp_path), logger=MMLogger.get_instance('tta'))
+    # fits: the tensors of the classifier inside (only the missing record is noted)
+    assert not any('missing keys' in note for note in check_runner_checkpoint(runner))
+    torch.save(dict(state_dict={k: v for k, v in classifier.state_dict().items()
+                                if not k.startswith('head.')}), ckpt)
+    with pytest.raises(CheckpointMismatchError, match='missing keys.*head.fc.weight'):
+        check_runner_checkpoint(runner)
+
+
 @pytest.mark.parametrize('state, expected', [
     (dict(_resume=False, _load_from=None), None),
     (dict(_resume=False, _load_from='a.pth'), ('a.pth', False)),
