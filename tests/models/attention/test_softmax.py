@@ -120,3 +120,12 @@ def test_attention_dropout_only_in_training(fused, make_attention, tokens):
     assert rel_error(dropped, first) > 1e-2
     # the map is the attention distribution before dropout, in training too
     assert torch.equal(module.attention_map(x, hw), module.eval().attention_map(x, hw))
+
+
+def test_documented_defaults(assert_common_defaults):
+    assert_common_defaults('softmax', fused=True, has_map=True, supports_attn_drop=True)
+
+
+def test_naive_form_ignores_autocast(assert_oracle_ignores_autocast):
+    qkv = torch.randn(2, 13, 3 * 24, generator=torch.Generator().manual_seed(0))
+    assert_oracle_ignores_autocast(naive_softmax_attention, qkv, 3)
