@@ -57,11 +57,13 @@ def _cflags(capability):
 
 def source_digest(csrc=CSRC, capability=None):
     """sha256 (hex) of every C/C++ file under ``csrc`` (relative name and bytes, so an included
-    header counts too), the compiler flags and torch's version: what the build depends on.
-    Other files (an editor's swap file, notes) do not count."""
+    header counts too), the compiler flags, torch's version and where ``csrc`` is: what the
+    build depends on. Other files (an editor's swap file, notes) do not count. The place
+    counts because torch's build file records absolute source paths: two checkouts sharing
+    one name would rebuild it each time the other one imports."""
     capability = capability or torch.backends.cpu.get_cpu_capability()
     digest = hashlib.sha256()
-    for flag in (torch.__version__, *_cflags(capability)):
+    for flag in (osp.realpath(csrc), torch.__version__, *_cflags(capability)):
         digest.update(flag.encode() + b'\0')
     for root, dirs, names in os.walk(csrc):
         dirs.sort()
