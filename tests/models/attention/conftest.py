@@ -142,10 +142,13 @@ def fast_helpers_broken(*more):
 
 
 def assert_common_defaults(attn_type, **specific):
-    """``build_attention(attn_type, embed_dims, num_heads)`` alone has the defaults every
-    operator documents (a qkv bias, no LayerScale, no dropout, no RoPE) and the operator's
-    own ``specific`` attribute values."""
-    module = build_attention(attn_type, embed_dims=EMBED_DIMS, num_heads=NUM_HEADS)
+    """An operator built from ``embed_dims`` and ``num_heads`` alone (``attn_type``: its
+    registered name, or a class) has the defaults every operator documents (a qkv bias, no
+    LayerScale, no dropout, no RoPE) and the operator's own ``specific`` attribute values."""
+    if isinstance(attn_type, str):
+        module = build_attention(attn_type, embed_dims=EMBED_DIMS, num_heads=NUM_HEADS)
+    else:
+        module = attn_type(embed_dims=EMBED_DIMS, num_heads=NUM_HEADS)
     assert module.qkv.bias is not None, 'qkv_bias defaults to True'
     assert isinstance(module.gamma1, torch.nn.Identity), 'no LayerScale by default'
     assert module.proj_drop.p == 0 and module.attn_drop == 0, 'no dropout by default'

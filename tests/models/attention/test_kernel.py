@@ -183,8 +183,7 @@ def test_kernel_rejects_bad_feature_map_and_eps():
 @pytest.mark.parametrize('attn_type', ['elu', 'relu'])
 def test_documented_defaults(attn_type, assert_common_defaults):
     assert_common_defaults(attn_type, feature_map=attn_type, eps=1e-6)
-    plain = KernelAttention(embed_dims=24, num_heads=3)
-    assert (plain.feature_map, plain.eps) == ('relu', 1e-6)
+    assert_common_defaults(KernelAttention, feature_map='relu', eps=1e-6)
 
 
 @pytest.mark.parametrize('feature_map', ['elu', 'relu'])
