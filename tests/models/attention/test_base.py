@@ -108,6 +108,14 @@ class MeanValueAttention(BaseAttention):
         return num_tokens * self.embed_dims
 
 
+def test_an_operator_that_declares_no_trait_gets_the_documented_ones():
+    class Plain(BaseAttention):
+        def forward(self, x, hw_shape):
+            return self.proj(x)
+
+    assert (Plain.has_map, Plain.uses_cls_token, Plain.supports_attn_drop) == (False, True, False)
+
+
 def test_third_party_operator_builds_into_a_linear_vit(assert_matches_reference, tokens):
     try:
         register_attention('myop')(MeanValueAttention)
