@@ -604,7 +604,7 @@ def main(argv=None):
     sys.path.insert(0, REPO)
     args = parse_args(argv)
     started = time.time()
-    from linvit_mm.cpu_threads import shared_machine_note
+    from linvit_mm.cpu_threads import shared_machine_note, usable_cores
     note = shared_machine_note()
     if note is not None:
         log(note)
