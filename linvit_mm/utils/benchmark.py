@@ -26,6 +26,22 @@ def parse_arch(value):
     return text
 
 
+# mmdet's DetDataPreprocessor pad_size_divisor in the Mask R-CNN configs
+DETECTION_PAD_DIVISOR = 32
+
+
+def padded(length, divisor=DETECTION_PAD_DIVISOR):
+    """``length`` rounded up to a multiple of ``divisor``, as the data preprocessor pads."""
+    return -(-length // divisor) * divisor
+
+
+def rotated(items, shift):
+    """``items`` rotated left by ``shift``: each repeat of a side-by-side timing starts with
+    another variant, so no variant always runs first (cold caches) or last."""
+    shift %= len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
 def synchronise(device):
     """Wait for queued CUDA work, so a wall clock read after it covers that work."""
     if torch.device(device).type == 'cuda':

@@ -43,18 +43,13 @@ from datetime import datetime, timezone
 import torch
 
 from linvit_mm.models.attention import attention_types
-from linvit_mm.utils.benchmark import (ForwardClock, parse_arch, quiet_mmengine_logs,
-                                      synchronise)
+from linvit_mm.utils.benchmark import (ForwardClock, padded, parse_arch, quiet_mmengine_logs,
+                                      rotated, synchronise)
 
 REFERENCE = 'softmax'
-PAD_DIVISOR = 32  # mmdet's DetDataPreprocessor pad_size_divisor in the Mask R-CNN configs
 CSV_COLUMNS = ('operator', 'width', 'height', 'padded_width', 'padded_height', 'patch_tokens',
                'total_ms', 'vit_blocks_ms', 'adapter_ms', 'speedup', 'speedup_vit_blocks',
                'total_samples_ms', 'repeats', 'warmup', 'threads', 'device')
-
-
-def padded(length, divisor=PAD_DIVISOR):
-    return -(-length // divisor) * divisor
 
 
 def build_adapter(attn_type, arch, device):
@@ -74,11 +69,6 @@ def timed_forward(model, clock, images, device):
     synchronise(device)
     total = time.perf_counter() - start
     return total, clock.take(), outs
-
-
-def rotated(items, shift):
-    shift %= len(items)
-    return list(items[shift:]) + list(items[:shift])
 
 
 def benchmark(operators, arch, size, device, repeats, warmup, log=print):

@@ -98,8 +98,8 @@ from linvit_mm.models.backbones.hybrid import (describe_attn_types, parse_attn_s
 from linvit_mm.cpu_threads import usable_cores, usable_cpus
 from linvit_mm.utils.benchmark import (NEIGHBOUR_STEP, NEIGHBOUR_STEPS, NEIGHBOUR_WARMUP,
                                        format_neighbour_table, neighbour_policies, parse_arch,
-                                       quiet_mmengine_logs, run_neighbour_benchmark,
-                                       synchronise)
+                                       quiet_mmengine_logs, rotated,
+                                       run_neighbour_benchmark, synchronise)
 from linvit_mm.utils.complexity import count_macs, patch_grid
 
 DEFAULT_SIZES = (224, 512, 1024, 2048)
@@ -313,11 +313,6 @@ def wait_for_quiet(max_background, timeout_s, window_s=2.):
 
 
 # ---------------------------------------------------------------- the run
-def rotated(items, shift):
-    shift %= len(items)
-    return list(items[shift:]) + list(items[:shift])
-
-
 def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
                    max_background=None, max_retakes=0, quiet_timeout_s=900.):
     """Interleaved timings of every operator at one size; returns one dict per operator.

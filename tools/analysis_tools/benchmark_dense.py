@@ -39,12 +39,12 @@ from datetime import datetime, timezone
 import torch
 
 from linvit_mm.models.attention import attention_types
-from linvit_mm.utils.benchmark import parse_arch, quiet_mmengine_logs, synchronise
+from linvit_mm.utils.benchmark import (padded, parse_arch, quiet_mmengine_logs, rotated,
+                                       synchronise)
 
 NECKS = ('plain', 'adapter')
 WINDOWED = 'softmax-win'
 WINDOW_SIZE = 14
-PAD_DIVISOR = 32
 SIZES = ((1333, 800), (512, 512))
 
 
@@ -78,10 +78,6 @@ def build(neck, variant, arch, device):
     with quiet_mmengine_logs():
         model.init_weights()
     return model.to(device)
-
-
-def padded(length):
-    return -(-length // PAD_DIVISOR) * PAD_DIVISOR
 
 
 @torch.no_grad()
@@ -121,11 +117,6 @@ def time_train_step(model, images, device):
     peak = (torch.cuda.max_memory_allocated(device)
             if torch.device(device).type == 'cuda' else None)
     return elapsed, sum(storages.values()), peak
-
-
-def rotated(items, shift):
-    shift %= len(items)
-    return items[shift:] + items[:shift]
 
 
 def benchmark(size, arch, operators, necks, device, repeats, warmup, log=print):
