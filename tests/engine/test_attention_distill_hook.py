@@ -749,11 +749,7 @@ def test_a_loss_dict_without_a_loss_entry_keeps_its_names(peaked_teacher):
 
 
 def test_a_block_that_skips_its_attention_is_named(peaked_teacher):
-    model = classifier('relu')
-    hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher))
-    runner = fake_runner(model)
-    hook.before_train(runner)
-    hook.before_train_iter(runner, 0)
+    model, _ = distilling_model(ImageClassifier, peaked_teacher)
     model.backbone.layers[1].forward = lambda x, hw_shape: x
     with pytest.raises(RuntimeError, match=re.escape('no attention for blocks [1]')):
         model(*batch(), mode='loss')
