@@ -2,6 +2,7 @@
 import contextlib
 import importlib.util
 import io
+import uuid
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,11 @@ class Tools:
 
     @staticmethod
     def _run(main, argv):
-        # Each Runner creates its logger (and its stdout handler) inside this block.
+        # Each Runner creates its logger (and its stdout handler) inside this block. mmengine
+        # names that logger by config and second and reuses an existing one, so each run gets
+        # its own experiment name; otherwise a second run within the same second would log into
+        # the first run's stream.
+        argv = [*argv, '--cfg-options', f'experiment_name=run_{uuid.uuid4().hex[:12]}']
         stream = io.StringIO()
         with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
             result = main(argv)

@@ -4,6 +4,7 @@ import contextlib
 import importlib.util
 import io
 import re
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,9 +42,12 @@ def run(tool, argv):
 
 
 def data_options(mini_data_root):
+    """The mini dataset, and a logger of this run's own: mmengine names a Runner's logger by
+    config and second, so two runs in one second would share the first one's captured stream."""
     root = mini_data_root / 'imagenet'
     return [f'{loader}.dataset.data_root={root}'
-            for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader')]
+            for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader')] + [
+                f'experiment_name=loadcheck_{uuid.uuid4().hex[:12]}']
 
 
 def train(work_dir, mini_data_root, *extra, options=()):
