@@ -602,17 +602,17 @@ def test_map_target_refused_without_a_map(teacher_ckpt, attn_type):
 
 @pytest.mark.parametrize('attn_type, teacher, hook_kwargs, message', [
     ('relu', dict(arch=dict(ARCH, embed_dims=64, feedforward_channels=128)), {},
-     r"teacher's width \(embed_dims\) differs.*block 0: 32 vs 64; block 1: 32 vs 64"),
+     r"teacher's width \(embed_dims\) differs.*\(student vs teacher: blocks 0-1: 32 vs 64\)"),
     ('relu', dict(arch=dict(ARCH, num_heads=4)), dict(layers=[1]),
      r"teacher's head count \(num_heads\) differs.*\(student vs teacher: block 1: 2 vs 4\);"),
     ('relu', dict(patch_size=16), {},
-     r'teacher cuts \(16, 16\) patches, the student \(8, 8\).*patch_size'),
+     r'student cuts 8x8-pixel patches, the teacher 16x16-pixel patches.*patch_size'),
     ('relu', dict(attn_type='relu'), {},
      r"teacher's attention is \['relu'\], not Softmax.*allow_non_softmax_teacher=True"),
     ('relu', dict(attn_type='ttt'), dict(target='map', allow_non_softmax_teacher=True),
      r"target='map' needs attention maps, which the \['ttt'\] operator\(s\) of the teacher"),
     ('relu', dict(arch=dict(ARCH, num_layers=3)), {},
-     'teacher has 3 attention blocks, the student 2'),
+     'the student has 2 blocks, the teacher 3'),
     ('mhla', {}, dict(layers=[2]), r'layers \[2\] are outside the 2 blocks'),
     ('mhla', {}, dict(layers=[-3]), r'layers \[-3\] are outside the 2 blocks'),
 ])

@@ -1,6 +1,4 @@
 """Attention-output distillation from a frozen Softmax teacher (paper §3.2)."""
-import math
-import numbers
 import weakref
 
 import torch
@@ -8,9 +6,11 @@ import torch.nn.functional as F
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS, DefaultScope
-from mmengine.utils import to_2tuple
 
-from linvit_mm.models.attention import BaseAttention, attention_class
+from linvit_mm.models import pairing
+# align_tokens and _patch_size are imported from here by the fidelity tool and the tests
+from linvit_mm.models.pairing import align_tokens  # noqa: F401
+from linvit_mm.models.pairing import patch_size_of as _patch_size  # noqa: F401
 from linvit_mm.utils.blocks import block_index_list, is_block_index
 
 
@@ -64,34 +64,6 @@ class _Recorder:
         self.handles.clear()
 
 
-def _attention_modules(model):
-    return [m for m in model.modules() if isinstance(m, BaseAttention)]
-
-
-def _patch_size(model):
-    """The patch size of the first (outermost) module of ``model`` that declares one."""
-    for module in model.modules():
-        size = getattr(module, 'patch_size', None)
-        if size is not None:
-            return to_2tuple(size)
-    return None
-
-
-def align_tokens(student, teacher, num_patches, patch_only, is_map):
-    """Make student and teacher tokens comparable.
-
-    Both sequences end with the same ``num_patches`` patch tokens (same image, same
-    grid); a class token, where present, leads. Everything is compared when the
-    sequences match, the patch tokens only when they do not (a student without class
-    token) or when asked. ``is_map``: ``(..., N, N)`` maps, aligned on both token axes.
-    """
-    if student.shape[-2] == teacher.shape[-2] and not patch_only:
-        return student, teacher
-    patches = slice(-num_patches, None)
-    index = (..., patches, patches) if is_map else (..., patches, slice(None))
-    return student[index], teacher[index]
-
-
 @HOOKS.register_module()
 class AttentionDistillHook(Hook):
     """Adds ``loss_weight * sum_blocks MSE(student_attn_out, teacher_attn_out)`` to the loss.
@@ -101,10 +73,12 @@ class AttentionDistillHook(Hook):
     mean squared errors, each a **mean** over batch, compared tokens and channels (over
     batch, heads and both token axes for ``target='map'``). ``s_b`` is what block ``b``'s
     attention module returns (after ``proj``), ``t_b`` the same of the teacher's block
-    ``b``. The compared tokens: all of them when both sides carry the same tokens; the
-    patch tokens alone (the last ``H*W`` of each sequence, so a teacher's class token is
-    never matched with a student's first patch) when the student has no class token or
-    ``patch_tokens_only`` is set.
+    ``b``. The compared tokens: all of them when both sequences lead with the same extra
+    tokens (class token, registers); the patch tokens alone (the last ``H*W`` of each
+    sequence, so a teacher's class token or register is never matched with a student's
+    patch) when they do not (a student without class token, a teacher with registers the
+    student lacks) or ``patch_tokens_only`` is set. The rules of the pairing live in
+    :mod:`linvit_mm.models.pairing`.
 
     The teacher is built from its own config (and checkpoint, through its
     ``init_cfg``) in ``before_train``, on the student's device, frozen and in eval
@@ -125,7 +99,8 @@ class AttentionDistillHook(Hook):
     A set-up that cannot distil is refused before the first iteration: the
     arguments when the hook is built, the student/teacher pairing in
     ``before_train`` (block count, width, heads and patch size of the distilled
-    blocks; maps on both sides for ``target='map'``; a Softmax teacher).
+    blocks; maps on both sides for ``target='map'``; a Softmax teacher with an
+    ``init_cfg`` to load its weights).
 
     Args:
         teacher (dict): model config of the teacher (a ``LinearViT`` with
@@ -147,7 +122,8 @@ class AttentionDistillHook(Hook):
             throughout matches every block. An empty list is refused, and so is a block
             listed twice (``[0, 0]``, or ``[11, -1]`` in 12 blocks).
         patch_tokens_only (bool, optional): compare patch tokens only. Forced on
-            when the student has no class token (mhla, ttt).
+            when the student's extra tokens are not the teacher's (mhla and ttt have no
+            class token; a register teacher).
         stop_epoch / stop_iter (int, optional): switch distillation off from this
             epoch / iteration on (0-based, as ``runner.epoch`` / ``runner.iter``).
         student (str): path of the student module inside the model.
@@ -168,7 +144,8 @@ class AttentionDistillHook(Hook):
         if not isinstance(teacher, dict) or 'type' not in teacher:
             raise TypeError(f'teacher must be a model config dict with a type, got {teacher!r}')
         self.teacher_cfg = teacher
-        self.loss_weight = self._check_loss_weight(loss_weight)
+        self.loss_weight = pairing.check_loss_weight(
+            loss_weight, note=' (lambda, 50 in the paper; 0 switches the distillation loss off)')
         self.target = target
         self.layers = block_index_list(layers, 'distil')
         if patch_tokens_only not in (None, True, False):
@@ -194,16 +171,6 @@ class AttentionDistillHook(Hook):
         self._student_rec = self._teacher_rec = None
         self._enabled = False
 
-    @staticmethod
-    def _check_loss_weight(loss_weight):
-        if not isinstance(loss_weight, numbers.Real) or isinstance(loss_weight, bool):
-            raise TypeError(f'loss_weight must be a number (lambda, 50 in the paper), got '
-                            f'{loss_weight!r} of type {type(loss_weight).__name__}')
-        if not (math.isfinite(loss_weight) and loss_weight >= 0):
-            raise ValueError(f'loss_weight must be a finite number >= 0 (lambda, 50 in the '
-                             f'paper; 0 switches the distillation loss off), got {loss_weight!r}')
-        return float(loss_weight)
-
     # ------------------------------------------------------------------ setup
     @staticmethod
     def _unwrap(model):
@@ -226,53 +193,30 @@ class AttentionDistillHook(Hook):
         except AttributeError as err:
             raise ValueError(f'AttentionDistillHook: the model has no module '
                              f'{self.student_path!r} (set student=...)') from err
-        student_attn = _attention_modules(student)
+        student_attn = pairing.attention_modules(student)
         if not student_attn:
             raise ValueError(f'AttentionDistillHook: {self.student_path!r} holds no attention '
                              f'operator (linvit_mm BaseAttention) to distil into')
         if self.target == 'map':
-            mapless = sorted({m.attn_type for m in student_attn if not m.has_map})
+            mapless = pairing.mapless_operators(student_attn)
             if mapless:
                 raise ValueError(f"target='map' needs attention maps, which the {mapless} "
                                  f"operator(s) of the student do not have; use "
                                  f"target='output'")
-        num_blocks = len(student_attn)
-        softmax = attention_class('softmax')
-        softmax_blocks = [i for i, m in enumerate(student_attn) if isinstance(m, softmax)]
-        skipped = []
-        if self.layers is not None:
-            layer_ids = self.layers
-        elif len(softmax_blocks) < num_blocks:
-            skipped = softmax_blocks
-            layer_ids = [i for i in range(num_blocks) if i not in softmax_blocks]
-        else:
-            layer_ids = list(range(num_blocks))
-        bad = [i for i in layer_ids if not -num_blocks <= i < num_blocks]
-        if bad:
-            raise ValueError(f'layers {bad} are outside the {num_blocks} blocks of the student; '
-                             f'use indices in [{-num_blocks}, {num_blocks - 1}]')
-        blocks = [i % num_blocks for i in layer_ids]
-        twice = sorted({block for block in blocks if blocks.count(block) > 1})
-        if twice:
-            # as attn_type refuses them: a block listed twice is distilled once, not twice
-            raise ValueError(f'layers {list(layer_ids)} name block(s) {twice} more than once '
-                             f'(negative indices count from the end of the {num_blocks} '
-                             f'blocks); list each block once')
-        layer_ids = sorted(set(blocks))
+        layer_ids, skipped = pairing.resolve_layers(student_attn, self.layers, 'distil')
 
         device = next(student.parameters()).device
         self.teacher = self.build_teacher(device)
-        teacher_attn = _attention_modules(self.teacher)
-        self._check_teacher(runner, student, student_attn, teacher_attn, layer_ids)
-
-        if self.patch_tokens_only is None:
-            self.patch_tokens_only = False
-        if not getattr(student, 'with_cls_token', True):
-            self.patch_tokens_only = True
+        self._check_teacher(runner, student, layer_ids)
+        # Every token is compared only where both sequences carry the same extra tokens.
+        self.patch_tokens_only = pairing.patch_tokens_only(
+            pairing.token_layout(student), pairing.token_layout(self.teacher),
+            self.patch_tokens_only)
 
         with_maps = self.target == 'map'
         self._student_rec = _Recorder(student_attn, layer_ids, with_maps)
-        self._teacher_rec = _Recorder(teacher_attn, layer_ids, with_maps)
+        self._teacher_rec = _Recorder(pairing.attention_modules(self.teacher), layer_ids,
+                                      with_maps)
         self._handles = [
             student.register_forward_pre_hook(self._run_teacher),
             model.register_forward_hook(self._add_loss, with_kwargs=True),
@@ -287,41 +231,14 @@ class AttentionDistillHook(Hook):
                 f"run the teacher's operator and are not matched (give layers=[...] to match "
                 f'them too)')
 
-    def _check_teacher(self, runner, student, student_attn, teacher_attn, layer_ids):
+    def _check_teacher(self, runner, student, layer_ids):
         """Refuse a teacher that cannot be matched with the student, naming every mismatch."""
-        if len(teacher_attn) != len(student_attn):
-            raise ValueError(f'teacher has {len(teacher_attn)} attention blocks, the student '
-                             f'{len(student_attn)}; they must match block for block (build the '
-                             f"teacher with the student's arch)")
-        problems = []
-        softmax = attention_class('softmax')
-        non_softmax = sorted({m.attn_type for m in teacher_attn if not isinstance(m, softmax)})
-        if non_softmax and not self.allow_non_softmax_teacher:
-            problems.append(f"the teacher's attention is {non_softmax}, not Softmax: set the "
-                            f"teacher's attn_type='softmax', or allow_non_softmax_teacher=True "
-                            f'to distil from it deliberately')
-        if self.target == 'map':
-            mapless = sorted({m.attn_type for m in teacher_attn if not m.has_map})
-            if mapless:
-                problems.append(f"target='map' needs attention maps, which the {mapless} "
-                                f"operator(s) of the teacher do not have; use target='output' or "
-                                f'a teacher whose operator has a map')
-        for trait, what in (('embed_dims', 'width'), ('num_heads', 'head count')):
-            differ = [f'block {i}: {getattr(student_attn[i], trait)} vs '
-                      f'{getattr(teacher_attn[i], trait)}' for i in layer_ids
-                      if getattr(student_attn[i], trait) != getattr(teacher_attn[i], trait)]
-            if differ:
-                problems.append(f"the teacher's {what} ({trait}) differs from the student's "
-                                f"(student vs teacher: {'; '.join(differ)}); build the teacher "
-                                f"with the student's arch")
-        student_patch, teacher_patch = _patch_size(student), _patch_size(self.teacher)
-        if None not in (student_patch, teacher_patch) and student_patch != teacher_patch:
-            problems.append(f'the teacher cuts {teacher_patch} patches, the student '
-                            f'{student_patch}, so their tokens do not correspond; set the '
-                            f"teacher's patch_size to the student's")
-        if problems:
-            raise ValueError('AttentionDistillHook: the teacher does not fit the student:\n  - '
-                             + '\n  - '.join(problems))
+        pairing.refuse(pairing.fit_problems(
+            student, self.teacher, layer_ids, allow_non_softmax=self.allow_non_softmax_teacher,
+            non_softmax_advice="set the teacher's attn_type='softmax', or "
+            'allow_non_softmax_teacher=True to distil from it deliberately',
+            target=self.target), 'AttentionDistillHook: the teacher does not fit the student')
+        non_softmax = pairing.non_softmax_operators(pairing.attention_modules(self.teacher))
         if non_softmax:
             runner.logger.warning(
                 f"AttentionDistillHook: distilling from a non-Softmax teacher ({non_softmax} "
