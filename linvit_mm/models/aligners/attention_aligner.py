@@ -1,14 +1,10 @@
 """Stage 1 of the staged recipe: attention alignment, block by block, on the teacher's inputs."""
-import math
-import numbers
-
 import torch
 import torch.nn.functional as F
 from mmpretrain.registry import MODELS
 from torch.utils.checkpoint import checkpoint
 
-from ...utils.blocks import block_index_list
-from ..attention import attention_class
+from .. import pairing
 from .base_aligner import BaseAligner
 
 
@@ -50,7 +46,8 @@ class AttentionAligner(BaseAligner):
         layers (Sequence[int], optional): blocks to train (negative ones count from the end).
             By default every block whose operator is not Softmax: the Softmax blocks of a
             hybrid student are the teacher's own, copied, with nothing to align (list them to
-            train them anyway). Empty or out-of-range lists are refused.
+            train them anyway). Empty or out-of-range lists, and a block listed twice, are
+            refused.
         loss_weight (float): lambda, a finite number > 0. Defaults to 1 (with AdamW the scale
             hardly matters; it only rescales the logged loss).
         with_cp (bool): recompute each student block's attention in the backward instead of
@@ -69,13 +66,15 @@ class AttentionAligner(BaseAligner):
                 f'AttentionAligner initialises the student from the teacher (fullcopy), so the '
                 f"student config takes no init_cfg; got {backbone['init_cfg']!r}. To continue "
                 f'from an earlier alignment run, use load_from / --resume')
-        self.loss_weight = self._check_loss_weight(loss_weight)
+        self.loss_weight = pairing.check_loss_weight(
+            loss_weight, positive=True, note=' (the only loss of the stage)')
         if not isinstance(with_cp, bool):
             raise TypeError(f'with_cp must be True or False, got {with_cp!r}')
         self.with_cp = with_cp
         super().__init__(backbone, teacher, patch_tokens_only=patch_tokens_only,
                          data_preprocessor=data_preprocessor, init_cfg=init_cfg)
-        self.layer_ids = self._resolve_layers(layers, self._linear_blocks())
+        self.layer_ids, _ = pairing.resolve_layers(
+            pairing.attention_modules(self.backbone), layers, 'align', all_softmax='refuse')
         if getattr(self.backbone, 'frozen_stages', -1) > 0:
             raise ValueError(f'the student sets frozen_stages={self.backbone.frozen_stages}, '
                              f'which would freeze the attention of its first blocks again at '
@@ -84,33 +83,6 @@ class AttentionAligner(BaseAligner):
         self.backbone.requires_grad_(False)
         for index in self.layer_ids:
             self.backbone.layers[index].attn.requires_grad_(True)
-
-    @staticmethod
-    def _check_loss_weight(loss_weight):
-        if (not isinstance(loss_weight, numbers.Real) or isinstance(loss_weight, bool)
-                or not math.isfinite(loss_weight) or loss_weight <= 0):
-            raise ValueError(f'loss_weight must be a finite number > 0, got {loss_weight!r}')
-        return float(loss_weight)
-
-    def _linear_blocks(self):
-        """The student's blocks whose operator is not the teacher's (Softmax)."""
-        softmax = attention_class('softmax')
-        return [index for index, layer in enumerate(self.backbone.layers)
-                if not isinstance(layer.attn, softmax)]
-
-    def _resolve_layers(self, layers, linear_blocks):
-        num_blocks = len(self.backbone.layers)
-        if layers is None:
-            if not linear_blocks:
-                raise ValueError('the student has no linear-attention block to align (all its '
-                                 'blocks are Softmax, the teacher\'s operator)')
-            return linear_blocks
-        layers = block_index_list(layers, 'align')
-        outside = [i for i in layers if not -num_blocks <= i < num_blocks]
-        if outside:
-            raise ValueError(f'layers {outside} are outside the {num_blocks} blocks of the '
-                             f'student; use indices in [{-num_blocks}, {num_blocks - 1}]')
-        return sorted({i % num_blocks for i in layers})
 
     def init_weights(self):
         """The teacher's weights, the student's own init, then the teacher's tensors copied

@@ -4,11 +4,10 @@ import os.path as osp
 from abc import abstractmethod
 
 from mmengine.model import BaseModel
-from mmengine.utils import to_2tuple
 from mmpretrain.registry import MODELS
 from torch import nn
 
-from ..attention import attention_class
+from .. import pairing
 from ..backbones import LinearViT
 
 
@@ -39,7 +38,8 @@ class BaseAligner(BaseModel):
     Student and teacher must have the same depth, width, head counts and patch size, and the
     student either the teacher's extra tokens (class token, registers) or none. Tokens are
     compared where both models have them: every token when the sequences match (unless
-    ``patch_tokens_only``), the patch tokens when the student has no extra tokens.
+    ``patch_tokens_only``), the patch tokens when the student has no extra tokens. The rules
+    are :mod:`linvit_mm.models.pairing`'s.
 
     Args:
         backbone (dict): config of the student LinearViT.
@@ -74,9 +74,8 @@ class BaseAligner(BaseModel):
                 f'pixels deliberately, set mean=[0, 0, 0] and std=[1, 1, 1]')
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
         self.preprocessing_given = given
-        if patch_tokens_only not in (None, True, False):
-            raise TypeError(f'patch_tokens_only must be None (automatic), True or False, got '
-                            f'{patch_tokens_only!r}')
+        # checked before anything is built
+        pairing.patch_tokens_only(None, None, patch_tokens_only)
         self.backbone = self._build_vit(backbone, 'backbone (the student)')
         teacher = self._build_vit(self.teacher_cfg_for(teacher, self.backbone), 'teacher')
         teacher.requires_grad_(False)
@@ -85,9 +84,12 @@ class BaseAligner(BaseModel):
         self._check_pair(self.backbone, teacher)
         self.student_extra = self.backbone.num_extra_tokens
         self.teacher_extra = teacher.num_extra_tokens
+        student_layout, teacher_layout = (pairing.token_layout(vit)
+                                          for vit in (self.backbone, teacher))
         # The student sees the teacher's sequence, or its patch tokens when it has no extras.
-        self.patch_input = self.student_extra != self.teacher_extra
-        self.patch_tokens_only = bool(patch_tokens_only) or self.patch_input
+        self.patch_input = student_layout != teacher_layout
+        self.patch_tokens_only = pairing.patch_tokens_only(student_layout, teacher_layout,
+                                                           patch_tokens_only)
 
     PREPROCESSING_ADVICE = (
         "Give the teacher's preprocessing, e.g. data_preprocessor=dict(mean=[123.675, "
@@ -136,40 +138,11 @@ class BaseAligner(BaseModel):
     @staticmethod
     def _check_pair(student, teacher):
         """Refuse a pair that cannot be aligned, naming every mismatch."""
-        problems = []
-        softmax = attention_class('softmax')
-        non_softmax = sorted({layer.attn.attn_type for layer in teacher.layers
-                              if not isinstance(layer.attn, softmax)})
-        if non_softmax:
-            problems.append(f"the teacher's attention is {non_softmax}, not Softmax: set its "
-                            f"attn_type='softmax'")
-        if teacher.init_cfg is None:
-            problems.append('the teacher has no init_cfg, so it would keep random weights: '
-                            "give it one that loads the Softmax checkpoint (e.g. "
-                            "dict(type='SoftmaxTransfer', checkpoint=..., setting='fullcopy'))")
-        if len(student.layers) != len(teacher.layers):
-            problems.append(f'the student has {len(student.layers)} blocks, the teacher '
-                            f'{len(teacher.layers)}: build both with the same arch')
-        if student.embed_dims != teacher.embed_dims:
-            problems.append(f'the student is {student.embed_dims} wide, the teacher '
-                            f'{teacher.embed_dims}: build both with the same arch')
-        heads = [f'block {i}: {s.attn.num_heads} vs {t.attn.num_heads}'
-                 for i, (s, t) in enumerate(zip(student.layers, teacher.layers))
-                 if s.attn.num_heads != t.attn.num_heads]
-        if heads:
-            problems.append(f'head counts differ (student vs teacher: {"; ".join(heads[:4])})')
-        patches = ['x'.join(map(str, to_2tuple(vit.patch_size))) for vit in (student, teacher)]
-        if patches[0] != patches[1]:
-            problems.append(f'the student cuts {patches[0]}-pixel patches, the teacher '
-                            f'{patches[1]}-pixel patches, so their tokens do not correspond')
-        if student.num_extra_tokens not in (0, teacher.num_extra_tokens):
-            problems.append(f'the student leads its sequence with {student.num_extra_tokens} '
-                            f'extra tokens (class token, registers), the teacher with '
-                            f'{teacher.num_extra_tokens}: the student needs the same ones or '
-                            f'none (patch tokens only)')
-        if problems:
-            raise ValueError('the student and teacher cannot be aligned:\n  - '
-                             + '\n  - '.join(problems))
+        pairing.refuse(
+            pairing.fit_problems(student, teacher)
+            + pairing.input_token_problems(pairing.token_layout(student),
+                                           pairing.token_layout(teacher)),
+            'the student and teacher cannot be aligned')
 
     # ------------------------------------------------------------------ module plumbing
     def _apply(self, fn, *args, **kwargs):
@@ -223,10 +196,9 @@ class BaseAligner(BaseModel):
     # ------------------------------------------------------------------ tokens
     def comparable(self, student_tokens, teacher_tokens):
         """Student and teacher ``(B, N, C)`` tokens restricted to those both compare."""
-        if not self.patch_tokens_only:
-            return student_tokens, teacher_tokens
-        return (student_tokens[:, self.student_extra:],
-                teacher_tokens[:, self.teacher_extra:])
+        return pairing.align_tokens(student_tokens, teacher_tokens,
+                                    teacher_tokens.shape[1] - self.teacher_extra,
+                                    self.patch_tokens_only)
 
     def forward(self, inputs, data_samples=None, mode='tensor'):
         """``mode='loss'``: the alignment losses; ``'tensor'``: what the student produces.

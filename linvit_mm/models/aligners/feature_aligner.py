@@ -1,12 +1,11 @@
 """Stage 2 of the staged recipe: the whole student matches the teacher's output features."""
 import copy
-import math
-import numbers
 
 import torch
 import torch.nn.functional as F
 from mmpretrain.registry import MODELS
 
+from .. import pairing
 from ..backbones import LinearViT
 from .base_aligner import BaseAligner
 
@@ -53,20 +52,13 @@ class FeatureAligner(BaseAligner):
         if features not in self.FEATURES:
             raise ValueError(f'features must be one of {self.FEATURES}, got {features!r}')
         self.features = features
-        self.mse_weight = self._check_weight('mse_weight', mse_weight)
-        self.cos_weight = self._check_weight('cos_weight', cos_weight)
+        self.mse_weight = pairing.check_loss_weight(mse_weight, 'mse_weight')
+        self.cos_weight = pairing.check_loss_weight(cos_weight, 'cos_weight')
         if not (self.mse_weight or self.cos_weight):
             raise ValueError('mse_weight and cos_weight are both 0: nothing would be aligned')
         backbone = self._student_cfg(backbone, features)
         super().__init__(backbone, teacher, patch_tokens_only=patch_tokens_only,
                          data_preprocessor=data_preprocessor, init_cfg=init_cfg)
-
-    @staticmethod
-    def _check_weight(name, value):
-        if (not isinstance(value, numbers.Real) or isinstance(value, bool)
-                or not math.isfinite(value) or value < 0):
-            raise ValueError(f'{name} must be a finite number >= 0, got {value!r}')
-        return float(value)
 
     @staticmethod
     def _student_cfg(cfg, features):

@@ -281,8 +281,10 @@ def test_align_refuses_mismatched_teacher(teacher_path):
         build(teacher_path, teacher=teacher_cfg(teacher_path, arch=dict(deeper, embed_dims=64)))
     message = str(info.value)
     assert 'student has 3 blocks, the teacher 4' in message
-    assert 'student is 32 wide, the teacher 64' in message
-    with pytest.raises(ValueError, match='head counts differ'):
+    assert "teacher's width (embed_dims) differs from the student's (student vs teacher: " \
+        'blocks 0-2: 32 vs 64)' in message
+    with pytest.raises(ValueError,
+                       match=r'head count \(num_heads\) differs .*blocks 0-2: 2 vs 4'):
         build(teacher_path, teacher=teacher_cfg(teacher_path, arch=dict(TINY_ARCH, num_heads=4)))
     with pytest.raises(ValueError, match='student cuts 8x8-pixel patches, the teacher 4x4-pixel'):
         build(teacher_path, teacher=teacher_cfg(teacher_path, patch_size=4))
@@ -302,8 +304,11 @@ def test_align_refuses_student_init_cfg_frozen_stages_and_bad_loss_weight(teache
         build(teacher_path, with_cp=1)
     with pytest.raises(ValueError, match='frozen_stages=1'):
         build(teacher_path, student=tiny_vit_cfg('relu', frozen_stages=1))
-    for weight in (0, -1.0, float('nan'), True):
-        with pytest.raises(ValueError, match='loss_weight'):
+    for weight in (0, -1.0, float('nan'), float('inf')):
+        with pytest.raises(ValueError, match=f'loss_weight must be a finite number > 0.*{weight}'):
+            build(teacher_path, loss_weight=weight)
+    for weight in (True, '1'):
+        with pytest.raises(TypeError, match='loss_weight must be a number'):
             build(teacher_path, loss_weight=weight)
 
 
