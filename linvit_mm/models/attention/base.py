@@ -126,6 +126,13 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
     # The fraction of its multiply-accumulate speed-up bound over Softmax that the
     # backbone benchmark holds the operator to at long sequences (None: no target).
     bound_fraction_target = None
+    # The constructor contract: the keyword arguments an operator's ``__init__`` takes besides
+    # ``embed_dims`` and ``num_heads``. Every operator takes these (and passes ``rope`` and
+    # ``layer_scale_init_value`` on to ``BaseAttention``, which applies both) and lists its
+    # own after them (``options = BaseAttention.options + ('eps', )``). The backbone reads it
+    # to refuse an ``attn_cfg`` key or a switch an operator does not take before any block
+    # is built; an operator of another package that takes fewer lists only those it takes.
+    options = ('qkv_bias', 'attn_drop', 'proj_drop', 'rope', 'layer_scale_init_value')
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0.):

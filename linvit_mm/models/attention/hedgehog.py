@@ -196,6 +196,8 @@ class HedgehogAttention(LinearMapAttention):
     rope_absent_because = ('its per-feature key scaling does not commute with rotated '
                            'feature pairs')
 
+    options = LinearMapAttention.options + ('feature_map', 'tie_qk', 'feature_init')
+
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0., feature_map='softmax', tie_qk=True,
                  feature_init='identity'):

@@ -106,6 +106,8 @@ class InLineAttention(LinearMapAttention):
         residual (bool): add the local residual branch (False).
     """
 
+    options = LinearMapAttention.options + ('residual', )
+
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0., residual=False):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,

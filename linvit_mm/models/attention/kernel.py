@@ -105,6 +105,8 @@ class KernelAttention(LinearMapAttention):
             representable in float32, where the division happens.
     """
 
+    options = LinearMapAttention.options + ('feature_map', 'eps')
+
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0., feature_map='relu', eps=1e-6):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
@@ -174,6 +176,8 @@ class KernelAttention(LinearMapAttention):
 class ELUAttention(KernelAttention):
     """Linear attention with ``phi = elu(x) + 1`` (Katharopoulos et al. 2020)."""
 
+    options = LinearMapAttention.options + ('eps', )
+
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0., eps=1e-6):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
@@ -185,6 +189,8 @@ class ELUAttention(KernelAttention):
 @register_attention('relu')
 class ReLUAttention(KernelAttention):
     """Linear attention with ``phi = relu(x)``."""
+
+    options = LinearMapAttention.options + ('eps', )
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0., eps=1e-6):

@@ -203,6 +203,10 @@ class MultiHeadLinearAttention(BaseAttention):
     uses_cls_token = False
     bound_fraction_target = .75
 
+    options = BaseAttention.options + ('num_blocks', 'block_size', 'mixing_init',
+                                       'value_kernel_size', 'eps', 'feature_floor', 'qk_norm',
+                                       'attn_norm', 'normaliser')
+
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0., num_blocks=(2, 2), block_size=None,
                  mixing_init='linear', value_kernel_size=5, eps=1e-6, feature_floor=1e-6,

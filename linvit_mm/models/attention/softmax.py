@@ -55,6 +55,8 @@ class SoftmaxAttention(BaseAttention):
     has_map = True
     supports_attn_drop = True
 
+    options = BaseAttention.options + ('fused', )
+
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0., fused=True):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,

@@ -184,6 +184,8 @@ class TTTAttention(BaseAttention):
     softmax_fill = {'qkv': LEADING_ROWS, 'proj': OWN_INIT}
     bound_fraction_target = .75
 
+    options = BaseAttention.options + ('inner_scale', )
+
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0., inner_scale=DEFAULT_INNER_SCALE):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
