@@ -13,6 +13,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 
 import linvit_mm  # noqa: F401  (installs the checkpoint policy)
 from linvit_mm.utils import checkpoint as policy
+from linvit_mm.utils.checkpoint import schemes
 
 
 class RunsCode:
@@ -145,7 +146,7 @@ def test_every_registered_scheme_is_ours():
     assert {'', 'http://', 'https://', 'open-mmlab://', 'openmmlab://', 'torchvision://',
             'modelzoo://', 'mmcls://', 'pavi://', r'(\S+\:)?s3://'} <= set(loaders)
     assert {prefix: loader.__module__ for prefix, loader in loaders.items()} == {
-        prefix: policy.__name__ for prefix in loaders}
+        prefix: schemes.__name__ for prefix in loaders}
 
 
 def test_scheme_of_another_package_is_refused_by_name(monkeypatch, files):

@@ -13,6 +13,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 import linvit_mm  # noqa: F401  (installs the checkpoint policy)
 from linvit_mm.transfer import load_softmax_checkpoint
 from linvit_mm.utils import checkpoint as policy
+from linvit_mm.utils.checkpoint.restoring import _run_checkpoint_globals
 
 
 def genuine_state(**changes):
@@ -88,7 +89,7 @@ def test_crafted_buffer_changes_the_process_through_mmengines_setstate(tmp_path,
     statistics of every buffer."""
     path = tmp_path / 'crafted.pth'
     save_run_checkpoint(path, pickled_buffer(CRAFTED['mean_computes_max'][0]))
-    numpy_data = [entry for entry in policy._run_checkpoint_globals()
+    numpy_data = [entry for entry in _run_checkpoint_globals()
                   if not isinstance(entry, tuple) or 'numpy' in entry[1]]
     with torch.serialization.safe_globals([HistoryBuffer, (getattr, 'builtins.getattr'),
                                            *numpy_data]):
@@ -168,7 +169,7 @@ def test_stand_ins_work_only_inside_the_loader(tmp_path):
     it still cannot restore a HistoryBuffer or call the restricted getattr."""
     buffer = io.BytesIO()
     torch.save({'b': HistoryBuffer([1.], [1])}, buffer)
-    with torch.serialization.safe_globals(list(policy._run_checkpoint_globals())):
+    with torch.serialization.safe_globals(list(_run_checkpoint_globals())):
         with pytest.raises(Exception, match='restored only inside'):
             torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
 
