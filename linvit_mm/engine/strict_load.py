@@ -35,6 +35,7 @@ from mmengine.registry import HOOKS
 
 from linvit_mm.staged import RECORD_KEY, checkpoint_record, find_linear_vits, model_record
 from linvit_mm.staged.record import ARCH_FIELDS, block_ranges
+from linvit_mm.utils.checkpoint_state import state_problems
 
 __all__ = ['STRICT_LOAD_KEY', 'CheckpointMismatchError', 'ModelRecordHook',
            'check_runner_checkpoint', 'checkpoint_fit', 'describe_preprocessing',
@@ -44,8 +45,6 @@ __all__ = ['STRICT_LOAD_KEY', 'CheckpointMismatchError', 'ModelRecordHook',
 STRICT_LOAD_KEY = 'strict_load'
 # mmengine's Runner.load_checkpoint strips this from every key before loading.
 _REVISE_KEYS = [(r'^module.', '')]
-# Names listed per kind of key problem before the rest is counted.
-_LISTED_KEYS = 20
 
 
 class CheckpointMismatchError(ValueError):
@@ -191,50 +190,12 @@ def _record_problems(model, recorded, resume):
     return problems
 
 
-def _listed(keys):
-    keys = sorted(keys)
-    shown = ', '.join(keys[:_LISTED_KEYS])
-    return shown + (f' and {len(keys) - _LISTED_KEYS} more' if len(keys) > _LISTED_KEYS
-                    else '')
-
-
-def _resizable(vits, key, tensor):
-    """Whether a LinearViT resamples this ``pos_embed`` to its own grid on load."""
-    from linvit_mm.staged.loading import _resizable_pos_embed
-    for prefix, vit in vits.items():
-        if key == f'{prefix}pos_embed':
-            return _resizable_pos_embed(vit, tensor)
-    return False
-
-
 def _tensor_problems(model, state_dict):
     for pattern, replacement in _REVISE_KEYS:
         state_dict = {re.sub(pattern, replacement, key): value
                       for key, value in state_dict.items()}
-    expected = model.state_dict()
-    vits = find_linear_vits(model)
-    missing = set(expected) - set(state_dict)
-    unexpected = set(state_dict) - set(expected)
-    mismatched = [
-        f'{key}: checkpoint {tuple(state_dict[key].shape)}, config '
-        f'{tuple(expected[key].shape)}'
-        for key in sorted(set(expected) & set(state_dict))
-        if hasattr(state_dict[key], 'shape') and hasattr(expected[key], 'shape')
-        and tuple(state_dict[key].shape) != tuple(expected[key].shape)
-        and not _resizable(vits, key, state_dict[key])]
-    problems = []
-    if missing:
-        problems.append(f'missing keys (the model has them, the checkpoint not): '
-                        f'{_listed(missing)}')
-    if unexpected:
-        problems.append(f'unexpected keys (in the checkpoint, not in the model): '
-                        f'{_listed(unexpected)}')
-    if mismatched:
-        shown = '; '.join(mismatched[:_LISTED_KEYS])
-        more = len(mismatched) - _LISTED_KEYS
-        problems.append(f'size-mismatched keys: {shown}' + (f' and {more} more'
-                                                             if more > 0 else ''))
-    return problems
+    return state_problems(model.state_dict(), state_dict, vits=find_linear_vits(model),
+                          against='config')
 
 
 def _run_problems(checkpoint):

@@ -13,47 +13,16 @@ check ``SoftmaxTransfer`` applies: a NaN or Inf weight is what a diverged run le
 problems are reported before anything is copied, so a refused checkpoint leaves the model as
 it was.
 """
-import math
-
 from mmengine.logging import print_log
 from mmengine.model.weight_init import update_init_info
 from mmengine.registry import WEIGHT_INITIALIZERS
+
+from linvit_mm.utils.checkpoint_state import state_problems
 
 from .files import read_checkpoint
 from .record import checkpoint_record, describe_linear_vit, record_differences
 
 __all__ = ['LinearViTCheckpointInit', 'load_linear_vit_checkpoint']
-
-
-def _resizable_pos_embed(vit, tensor):
-    """Whether LinearViT's load hook resamples ``tensor`` to the model's grid: a learned
-    embedding of the same width over another square grid."""
-    if vit.pos_embed is None or tensor.dim() != 3 or tensor.shape[0] != 1:
-        return False
-    patches = tensor.shape[1] - vit.pos_embed_extra_tokens
-    side = math.isqrt(max(patches, 0))
-    return patches > 0 and side * side == patches and tensor.shape[2] == vit.embed_dims
-
-
-def _tensor_problems(vit, state, prefix):
-    expected = vit.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    mismatched = [
-        f'{prefix}{key}: checkpoint {tuple(state[key].shape)}, model '
-        f'{tuple(expected[key].shape)}' for key in sorted(set(expected) & set(state))
-        if state[key].shape != expected[key].shape
-        and not (key == 'pos_embed' and _resizable_pos_embed(vit, state[key]))
-    ]
-    problems = []
-    if missing:
-        problems.append('missing tensors: ' + ', '.join(prefix + k for k in missing))
-    if unexpected:
-        problems.append('tensors the model does not have: '
-                        + ', '.join(prefix + k for k in unexpected))
-    if mismatched:
-        problems.append('shapes that differ: ' + '; '.join(mismatched))
-    return problems
 
 
 def load_linear_vit_checkpoint(vit, filename, prefix='backbone.', require_record=True,
@@ -108,7 +77,7 @@ def load_linear_vit_checkpoint(vit, filename, prefix='backbone.', require_record
                 f'alone, set require_record=False')
     else:
         problems += record_differences(described, model)
-    problems += _tensor_problems(vit, state, prefix)
+    problems += state_problems(vit.state_dict(), state, prefix, vits={'': vit})
     if problems:
         raise ValueError(f'{filename} does not fit the model ({_summary(model)}), nothing was '
                          f'loaded:\n  - ' + '\n  - '.join(problems))

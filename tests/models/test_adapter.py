@@ -464,7 +464,8 @@ def test_a_hybrid_vit_loads_its_classification_checkpoint_and_trains(tmp_path):
 
 def test_a_checkpoint_of_another_layout_is_refused_by_key(tmp_path):
     path, _ = classifier_checkpoint(tmp_path, 'softmax')
-    with pytest.raises(ValueError, match=r'missing keys: backbone\.layers\.1\.attn\.feature_proj'):
+    with pytest.raises(ValueError, match=r'missing keys \(the model has them, the checkpoint '
+                                         r'not\): backbone\.layers\.1\.attn\.feature_proj'):
         make_adapter(HYBRID, pretrained=str(path))
 
 

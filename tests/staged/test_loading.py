@@ -61,8 +61,10 @@ def test_staged_loader_names_missing_unexpected_and_misshaped_tensors(tmp_path):
     with pytest.raises(ValueError) as info:
         load_linear_vit_checkpoint(model, str(path))
     message = str(info.value)
-    assert 'missing tensors: backbone.layers.1.ffn.layers.1.bias' in message
-    assert 'tensors the model does not have: backbone.layers.0.attn.extra' in message
+    assert ('missing keys (the model has them, the checkpoint not): '
+            'backbone.layers.1.ffn.layers.1.bias') in message
+    assert ('unexpected keys (in the checkpoint, not in the model): '
+            'backbone.layers.0.attn.extra') in message
     assert 'backbone.layers.2.ln2.weight: checkpoint (7,), model (32,)' in message
     assert unchanged(model, before)
 

@@ -1,21 +1,20 @@
 """ViT-Adapter around a LinearViT of any operator: four feature maps for FPN / UperNet."""
-import math
 import re
 
 import torch
 import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
-from mmengine.logging import MMLogger
 from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import DefaultScope
-from mmengine.runner.checkpoint import CheckpointLoader
 from mmpretrain.registry import MODELS
 from torch import nn
 
+from ...utils.checkpoint_state import resizable_pos_embed
 from ..backbones import LinearViT
 from .interaction_block import InteractionBlock
 from .multi_scale import deformable_inputs, flatten_maps, split_maps
 from .spatial_prior import SpatialPriorModule, kaiming_fan_out_
+from .vit_weights import check_vit_state, load_vit_weights
 
 
 def _ceil_div(a, b):
@@ -297,68 +296,14 @@ class LinearViTAdapter(BaseModule):
         the data preprocessor). The adapter's own keys, initialised by
         :meth:`init_weights`, are logged.
         """
-        logger = MMLogger.get_current_instance()
-        checkpoint = CheckpointLoader.load_checkpoint(filename, map_location='cpu',
-                                                      logger=logger)
-        state_dict = checkpoint.get('state_dict', checkpoint)
-        vit_state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        outside = sorted(k for k in state_dict if not k.startswith(prefix))
-        if not vit_state:
-            raise ValueError(f'{filename} has no keys starting with {prefix!r}; its keys begin '
-                             f'with {sorted({k.split(".")[0] for k in state_dict})}')
-        vit_keys = set(self.vit.state_dict())
-        unused = sorted(k for k in vit_state if self.UNUSED_VIT_KEYS.match(k) and k not in vit_keys)
-        for key in unused:
-            del vit_state[key]
-        self._check_vit_state(vit_state, prefix, filename)
-        try:
-            self.vit.load_state_dict(vit_state, strict=True)
-        except RuntimeError as err:
-            raise ValueError(f'{filename}: the ViT weights under {prefix!r} do not fit '
-                             f'the ViT: {err}') from err
-
-        adapter_keys = [k for k in self.state_dict() if not k.startswith('vit.')]
-        name = type(self).__name__
-        logger.info(f'{name}: loaded {len(vit_state)} ViT tensors from {filename} '
-                    f'(prefix {prefix!r}).')
-        if unused:
-            logger.info(f'{name}: skipped the ViT final norm keys, unused in dense '
-                        f'prediction: {", ".join(prefix + k for k in unused)}')
-        if outside:
-            logger.info(f'{name}: ignored {len(outside)} keys outside {prefix!r}: '
-                        f'{", ".join(outside)}')
-        logger.info(f'{name}: {len(adapter_keys)} adapter keys keep their own '
-                    f'initialisation: {", ".join(adapter_keys)}')
+        load_vit_weights(self, filename, prefix)
 
     def _check_vit_state(self, vit_state, prefix, filename):
-        expected = self.vit.state_dict()
-        missing = sorted(set(expected) - set(vit_state))
-        unexpected = sorted(set(vit_state) - set(expected))
-        mismatched = [
-            f'{prefix}{k}: checkpoint {tuple(vit_state[k].shape)} vs model '
-            f'{tuple(expected[k].shape)}' for k in sorted(set(expected) & set(vit_state))
-            if vit_state[k].shape != expected[k].shape
-            and not (k == 'pos_embed' and self._resizable_pos_embed(vit_state[k]))
-        ]
-        problems = []
-        if missing:
-            problems.append('missing keys: ' + ', '.join(prefix + k for k in missing))
-        if unexpected:
-            problems.append('unexpected keys: ' + ', '.join(prefix + k for k in unexpected))
-        if mismatched:
-            problems.append('shape mismatch: ' + '; '.join(mismatched))
-        if problems:
-            raise ValueError(f'{filename} does not match the ViT of {type(self).__name__} '
-                             f'({self.vit.attn_type}, {self.vit.num_layers} blocks, width '
-                             f'{self.embed_dims}): ' + ' | '.join(problems))
+        check_vit_state(self, vit_state, prefix, filename)
 
     def _resizable_pos_embed(self, pos_embed):
         """Whether LinearViT's load hook can resize it: a square grid of the same width."""
-        if pos_embed.dim() != 3 or pos_embed.shape[0] != 1:
-            return False
-        num_patches = pos_embed.shape[1] - self.vit.pos_embed_extra_tokens
-        side = math.isqrt(max(num_patches, 0))
-        return side * side == num_patches > 0 and pos_embed.shape[2] == self.embed_dims
+        return resizable_pos_embed(self.vit, pos_embed)
 
     def get_layer_depth(self, param_name, prefix=''):
         """Depth for layer-wise lr decay: the ViT's depths for ViT parameters, the
