@@ -1,211 +1,35 @@
-"""LinearViT: a Vision Transformer whose attention operator is chosen by name."""
-import copy
-import inspect
-import math
+"""LinearViT: a Vision Transformer whose attention operator is chosen by name.
+
+Its pieces live beside it: the block (:mod:`.linear_vit_block`), the position embedding
+(:mod:`.position_embedding`), the arch words and source families as plain data
+(:mod:`.arch_zoo`) and what an arch resolves to (:mod:`.arch_settings`). The names users
+import from here stay importable from here.
+"""
 from typing import Sequence
 
 import numpy as np
-import torch
-import torch.utils.checkpoint as cp
-from mmcv.cnn.bricks.drop import DropPath
-from mmcv.cnn.bricks.transformer import FFN, PatchEmbed
-from mmengine.model import BaseModule, ModuleList
+from mmcv.cnn.bricks.transformer import PatchEmbed
+from mmengine.model import ModuleList
 from mmengine.model.weight_init import trunc_normal_
 from mmpretrain.models.backbones.base_backbone import BaseBackbone
-from mmpretrain.models.utils import SwiGLUFFN, build_norm_layer, to_2tuple
+from mmpretrain.models.utils import build_norm_layer, to_2tuple
 from mmpretrain.registry import MODELS
 from torch import nn
 
-from ..attention import attention_class, build_attention
 from ..utils.rope import build_rope
+from .arch_settings import POS_EMBED_TYPES, build_arch_zoo, resolve_arch, resolve_switches
+from .arch_zoo import ARCH_ESSENTIALS, ARCH_SWITCH_DEFAULTS, FFN_TYPES, OVERRIDABLE_SWITCHES
 from .hybrid import class_token_of, describe_attn_types, resolve_attn_types
-from .windows import normalise_window_size, windowed_attention
+from .linear_vit_block import LinearViTLayer, check_shared_attn_cfg
+from .position_embedding import PositionEmbeddingMixin, sincos_pos_embed
+from .windows import normalise_window_size
 from ...utils.blocks import block_index_list
-from ...utils.tracing import eager_cache, is_tracing
 
-
-def sincos_pos_embed(hw_shape, embed_dims, temperature=10000., device=None, dtype=None):
-    """Fixed 2D sin-cos position embedding ``(1, H*W, C)`` for any grid (MAE / MoCo v3 form).
-
-    Half the channels encode the row, half the column, each as sin and cos of
-    ``pos / temperature**(i / (C/4))``; computed for the grid at hand, so there is
-    nothing to interpolate when the resolution changes.
-    """
-    if embed_dims % 4 != 0:
-        raise ValueError(f'sin-cos position embedding needs embed_dims divisible by 4, '
-                         f'got {embed_dims}')
-    h, w = hw_shape
-    quarter = embed_dims // 4
-    omega = 1. / temperature**(torch.arange(quarter, dtype=torch.float64) / quarter)
-    rows = torch.arange(h, dtype=torch.float64)[:, None].expand(h, w).reshape(-1)
-    cols = torch.arange(w, dtype=torch.float64)[None, :].expand(h, w).reshape(-1)
-    row_angles = rows[:, None] * omega[None]
-    col_angles = cols[:, None] * omega[None]
-    embed = torch.cat([col_angles.sin(), col_angles.cos(), row_angles.sin(), row_angles.cos()], 1)
-    return embed.unsqueeze(0).to(device=device, dtype=dtype or torch.get_default_dtype())
-
-
-@eager_cache(maxsize=16)
-def _cached_sincos_pos_embed(hw_shape, embed_dims, device, dtype):
-    # Built in float64 with a sin/cos per element on every forward, it took about a tenth
-    # of a ViT-S block's time on a CPU at 224 px (0.3-0.7 ms). One entry per (grid, width,
-    # device, dtype) covers a run's few sizes. Callers only read it (the tokens get
-    # ``x + pos``), so sharing one tensor is safe.
-    return sincos_pos_embed(hw_shape, embed_dims, device=device, dtype=dtype)
-
-
-FFN_TYPES = ('mlp', 'swiglu')
-
-
-class LinearViTLayer(BaseModule):
-    """Pre-norm ViT block ``x + attn(ln1(x)); x + ffn(ln2(x))`` around any operator.
-
-    Parameter names follow mmpretrain's ``TransformerEncoderLayer`` (``ln1``,
-    ``attn.qkv``, ``attn.proj``, ``ln2``, ``ffn.layers.0.0``, ``ffn.layers.1``) so
-    DeiT checkpoints load by name; operator-specific parameters live under ``attn``.
-    LayerScale, when on, is ``attn.gamma1`` (inside the operator, after ``proj``: see
-    ``BaseAttention``) and ``ffn.gamma2``, as in mmpretrain. ``ffn_type='swiglu'`` is
-    mmpretrain's ``SwiGLUFFN`` (``ffn.w12`` = [gate; value] rows, ``ffn.norm``, ``ffn.w3``):
-    ``w3(norm(silu(gate) * value))``, EVA-02's MLP, whose sub-LN ``ffn.norm`` is
-    ``ffn_norm``; it has one dropout, on its output. ``window_size`` > 0 (an int or
-    ``(rows, cols)``) runs the operator on windows of the patch grid
-    (:mod:`linvit_mm.models.backbones.windows`); 0 is global attention.
-    """
-
-    def __init__(self, embed_dims, num_heads, feedforward_channels, attn_type='softmax',
-                 attn_cfg=None, drop_rate=0., attn_drop_rate=0., drop_path_rate=0.,
-                 qkv_bias=True, act_cfg=dict(type='GELU'), norm_cfg=dict(type='LN', eps=1e-6),
-                 layer_scale_init_value=0., ffn_type='mlp', ffn_norm=False, rope=None,
-                 window_size=0, with_cp=False, init_cfg=None):
-        super().__init__(init_cfg=init_cfg)
-        self.embed_dims = embed_dims
-        self.with_cp = with_cp
-        self.window_size = normalise_window_size(window_size)
-        self.ln1 = build_norm_layer(norm_cfg, embed_dims)
-        self.attn = build_attention(attn_type, embed_dims=embed_dims, num_heads=num_heads,
-                                    qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
-                                    proj_drop=drop_rate, **(attn_cfg or {}),
-                                    **_operator_switches(attn_type, rope,
-                                                         layer_scale_init_value))
-        self.ln2 = build_norm_layer(norm_cfg, embed_dims)
-        if ffn_type == 'swiglu':
-            self.ffn = SwiGLUFFN(
-                embed_dims=embed_dims, feedforward_channels=feedforward_channels,
-                layer_scale_init_value=layer_scale_init_value,
-                dropout_layer=dict(type='Dropout', drop_prob=drop_rate) if drop_rate else None,
-                norm_cfg=norm_cfg if ffn_norm else None, add_identity=False)
-        else:
-            self.ffn = FFN(embed_dims=embed_dims, feedforward_channels=feedforward_channels,
-                           num_fcs=2, ffn_drop=drop_rate, dropout_layer=None, act_cfg=act_cfg,
-                           add_identity=False, layer_scale_init_value=layer_scale_init_value)
-        self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
-
-    def _forward(self, x, hw_shape):
-        x = self.attn.encode_position(x, hw_shape)
-        if self.window_size is None:
-            attended = self.attn(self.ln1(x), hw_shape)
-        else:
-            attended = windowed_attention(self.attn, self.ln1(x), hw_shape, self.window_size)
-        x = x + self.drop_path(attended)
-        x = x + self.drop_path(self.ffn(self.ln2(x)))
-        return x
-
-    def forward(self, x, hw_shape):
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, hw_shape, use_reentrant=False)
-        return self._forward(x, hw_shape)
-
-
-def _operator_switches(attn_type, rope, layer_scale_init_value):
-    """The RoPE / LayerScale arguments of an operator, passed only when switched on, so an
-    operator of another package that takes neither still builds plain models; one that is
-    asked for them and lacks them is refused by name."""
-    switches = {}
-    if rope is not None:
-        switches['rope'] = rope
-    if layer_scale_init_value:
-        switches['layer_scale_init_value'] = layer_scale_init_value
-    parameters = inspect.signature(attention_class(attn_type).__init__).parameters
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-    missing = [name for name in switches if name not in parameters and not takes_any]
-    if missing:
-        raise ValueError(f'the {attn_type!r} operator does not take {" / ".join(missing)}, which '
-                         f'this arch switches on; its constructor must accept them and pass them '
-                         f'to BaseAttention (which applies both)')
-    return switches
-
-
-def _check_shared_attn_cfg(attn_cfg, attn_types, layer_cfgs):
-    """Refuse, before any block is built, an ``attn_cfg`` argument that the operator of a
-    block using it does not take (a hybrid passes ``attn_cfg`` to every block)."""
-    refused = {}
-    for index, (name, cfg) in enumerate(zip(attn_types, layer_cfgs)):
-        if not attn_cfg or 'attn_cfg' in cfg:
-            continue
-        parameters = inspect.signature(attention_class(name).__init__).parameters
-        if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-            continue
-        unknown = tuple(sorted(set(attn_cfg) - set(parameters)))
-        if unknown:
-            refused.setdefault((name, unknown), []).append(index)
-    if refused:
-        listed = '; '.join(f'{list(unknown)} for the {name!r} operator (blocks {blocks})'
-                           for (name, unknown), blocks in refused.items())
-        raise ValueError(f'attn_cfg gives arguments an operator does not take: {listed}. In a '
-                         f'hybrid attn_cfg goes to every block; give an operator\'s own '
-                         f'arguments to its blocks through layer_cfgs=[dict(attn_cfg=...), ...]')
-
-
-# The architecture switches an arch can set besides its four sizes, with the value a plain
-# DeiT-shaped ViT has. ``None`` for ``pos_embed_type``: the operator's convention.
-ARCH_SWITCH_DEFAULTS = dict(
-    patch_size=16,
-    qkv_bias=True,
-    layer_scale_init_value=0.,
-    num_register_tokens=0,
-    pos_embed_type=None,
-    no_embed_class=False,
-    pos_embed_antialias=False,
-    rope=None,
-    ffn_type='mlp',
-    act_cfg=dict(type='GELU'),
-    ffn_norm=False,
-    pre_norm=False,
-    norm_cfg=dict(type='LN', eps=1e-6),
-    final_norm=True,
-    pooled_norm=False,
-)
-# Switches a model may set differently from its arch word: how features are read out (the
-# ViT-Adapter drops the final norm) or resampled, not what a checkpoint's tensors compute.
-OVERRIDABLE_SWITCHES = ('final_norm', 'pooled_norm', 'pos_embed_antialias')
-ARCH_ESSENTIALS = ('embed_dims', 'num_layers', 'num_heads', 'feedforward_channels')
-
-
-def _sizes(embed_dims, num_layers, num_heads, feedforward_channels):
-    return dict(embed_dims=embed_dims, num_layers=num_layers, num_heads=num_heads,
-                feedforward_channels=feedforward_channels)
-
-
-# What defines each source family (timm's model definitions; see docs/transfer.md).
-_DINOV2 = dict(patch_size=14, layer_scale_init_value=1e-5, pos_embed_type='learned',
-               pos_embed_antialias=True)
-_DINOV2_REG = dict(_DINOV2, num_register_tokens=4, no_embed_class=True)
-_DINOV3 = dict(patch_size=16, qkv_bias=False, layer_scale_init_value=1e-5,
-               num_register_tokens=4, pos_embed_type='none',
-               rope=dict(type='dinov3', temperature=100.), norm_cfg=dict(type='LN', eps=1e-5))
-_DEIT3 = dict(patch_size=16, layer_scale_init_value=1e-6, pos_embed_type='learned',
-              no_embed_class=True, pos_embed_antialias=True)
-_CLIP = dict(patch_size=16, pre_norm=True, act_cfg=dict(type='mmpretrain.QuickGELU'),
-             norm_cfg=dict(type='LN', eps=1e-5), pos_embed_type='learned',
-             pos_embed_antialias=True)
-_EVA02 = dict(patch_size=14, ffn_type='swiglu', pos_embed_type='learned',
-              pos_embed_antialias=True,
-              rope=dict(type='eva', temperature=10000., ref_grid=(16, 16)),
-              final_norm=False, pooled_norm=True)
-
+__all__ = ['LinearViT', 'LinearViTLayer', 'sincos_pos_embed', 'ARCH_ESSENTIALS',
+           'ARCH_SWITCH_DEFAULTS', 'FFN_TYPES', 'OVERRIDABLE_SWITCHES']
 
 @MODELS.register_module()
-class LinearViT(BaseBackbone):
+class LinearViT(PositionEmbeddingMixin, BaseBackbone):
     """Vision Transformer with a swappable (linear) attention operator.
 
     Args:
@@ -302,48 +126,10 @@ class LinearViT(BaseBackbone):
             tokens (``ln2``, mmpretrain's name; timm's ``fc_norm``); False.
     """
 
-    arch_zoo = {
-        **dict.fromkeys(['t', 'tiny', 'deit-tiny'], _sizes(192, 12, 3, 768)),
-        **dict.fromkeys(['s', 'small', 'deit-small'], _sizes(384, 12, 6, 1536)),
-        **dict.fromkeys(['b', 'base', 'deit-base'], _sizes(768, 12, 12, 3072)),
-        'dinov2-small': dict(_sizes(384, 12, 6, 1536), **_DINOV2),
-        'dinov2-base': dict(_sizes(768, 12, 12, 3072), **_DINOV2),
-        'dinov2-large': dict(_sizes(1024, 24, 16, 4096), **_DINOV2),
-        'dinov2-reg-small': dict(_sizes(384, 12, 6, 1536), **_DINOV2_REG),
-        'dinov2-reg-base': dict(_sizes(768, 12, 12, 3072), **_DINOV2_REG),
-        'dinov2-reg-large': dict(_sizes(1024, 24, 16, 4096), **_DINOV2_REG),
-        'dinov3-small': dict(_sizes(384, 12, 6, 1536), **_DINOV3),
-        'dinov3-base': dict(_sizes(768, 12, 12, 3072), **_DINOV3),
-        'dinov3-large': dict(_sizes(1024, 24, 16, 4096), **_DINOV3),
-        'deit3-small': dict(_sizes(384, 12, 6, 1536), **_DEIT3),
-        'deit3-base': dict(_sizes(768, 12, 12, 3072), **_DEIT3),
-        'clip-base': dict(_sizes(768, 12, 12, 3072), **_CLIP),
-        'clip-base-gelu': dict(_sizes(768, 12, 12, 3072), **dict(_CLIP, act_cfg=dict(type='GELU'))),
-        # EVA-02's MLP ratio is 4 * 2/3: int(C * 8/3) hidden units per SwiGLU half.
-        'eva02-tiny': dict(_sizes(192, 12, 3, 512), **_EVA02),
-        'eva02-small': dict(_sizes(384, 12, 6, 1024), **_EVA02),
-        'eva02-base': dict(_sizes(768, 12, 12, 2048), **dict(_EVA02, ffn_norm=True)),
-        # Released linear ViTs (linvit_mm.transfer.linear_releases converts them). ViT^3
-        # (LeapLabTHU/ViTTT, attn_type='ttt') has no class token and no position embedding
-        # besides each block's cpe; its tiny has 6 heads at width 192, not DeiT-T's 3.
-        'vit3-tiny': dict(_sizes(192, 12, 6, 768), pos_embed_type='none'),
-        'vit3-small': dict(_sizes(384, 12, 6, 1536), pos_embed_type='none'),
-        'vit3-base': dict(_sizes(768, 12, 12, 3072), pos_embed_type='none'),
-        # InLine-DeiT (LeapLabTHU/InLine, attn_type='inline'): DeiT's layout at other widths
-        # (T 192 / 6 heads, S 320 / 10, B 384 / 12; head dim 32).
-        'inline-deit-tiny': _sizes(192, 12, 6, 768),
-        'inline-deit-small': _sizes(320, 12, 10, 1280),
-        'inline-deit-base': _sizes(384, 12, 12, 1536),
-        # The MHLA ViTs (DAGroup-PKU/MHLA, attn_type='mhla' with its official switches):
-        # DeiT's sizes, no qkv bias, a learned embedding without a class token, no final
-        # norm and a norm of the pooled tokens (timm's fc_norm).
-        **{f'mhla-{size}': dict(_sizes(*sizes), qkv_bias=False, pos_embed_type='learned',
-                                final_norm=False, pooled_norm=True)
-           for size, sizes in (('tiny', (192, 12, 3, 768)), ('small', (384, 12, 6, 1536)),
-                               ('base', (768, 12, 12, 3072)))},
-    }
+    arch_zoo = build_arch_zoo()
     OUT_TYPES = ('cls_token', 'featmap', 'avg_featmap', 'raw')
-    POS_EMBED_TYPES = ('learned', 'sincos', 'none')
+    POS_EMBED_TYPES = POS_EMBED_TYPES
+
 
     def __init__(self,
                  arch='small',
@@ -385,7 +171,7 @@ class LinearViT(BaseBackbone):
         self.embed_dims = self.arch_settings['embed_dims']
         self.num_layers = self.arch_settings['num_layers']
         self.num_heads = self.arch_settings['num_heads']
-        switches = self._resolve_switches(arch, dict(
+        switches = resolve_switches(arch, self.arch_settings, dict(
             patch_size=patch_size, qkv_bias=qkv_bias, norm_cfg=norm_cfg, final_norm=final_norm,
             pos_embed_type=pos_embed_type, layer_scale_init_value=layer_scale_init_value,
             num_register_tokens=num_register_tokens, no_embed_class=no_embed_class,
@@ -400,7 +186,7 @@ class LinearViT(BaseBackbone):
             [cfg.get('attn_type', name) for cfg, name in zip(layer_cfgs, self.attn_types)],
             self.num_layers)
         self.attn_type = describe_attn_types(self.attn_types)
-        _check_shared_attn_cfg(attn_cfg, self.attn_types, layer_cfgs)
+        check_shared_attn_cfg(attn_cfg, self.attn_types, layer_cfgs)
         self.img_size = to_2tuple(img_size)
         self.patch_size = switches['patch_size']
 
@@ -436,18 +222,8 @@ class LinearViT(BaseBackbone):
         self.patch_resolution = self.patch_embed.init_out_size
         num_patches = self.patch_resolution[0] * self.patch_resolution[1]
 
-        self.cls_token = (nn.Parameter(torch.zeros(1, 1, self.embed_dims))
-                          if self.with_cls_token else None)
-        self.register_tokens = (
-            nn.Parameter(torch.zeros(1, self.num_register_tokens, self.embed_dims))
-            if self.num_register_tokens else None)
         self.interpolate_mode = interpolate_mode
-        if pos_embed_type == 'learned':
-            self.pos_embed = nn.Parameter(
-                torch.zeros(1, num_patches + self.pos_embed_extra_tokens, self.embed_dims))
-            self._register_load_state_dict_pre_hook(self._resize_pos_embed_on_load)
-        else:
-            self.pos_embed = None
+        self._build_extra_tokens_and_pos_embed(num_patches)
         self.drop_after_pos = nn.Dropout(p=drop_rate)
         norm_cfg = switches['norm_cfg']
         self.pre_norm = (build_norm_layer(norm_cfg, self.embed_dims) if switches['pre_norm']
@@ -503,62 +279,8 @@ class LinearViT(BaseBackbone):
         """The settings dict of an ``arch_zoo`` word or a custom dict: the four sizes
         (``embed_dims``, ``num_layers``, ``num_heads``, ``feedforward_channels``) and the
         architecture switches the arch sets."""
-        if isinstance(arch, str):
-            if arch.lower() not in cls.arch_zoo:
-                raise ValueError(f'unknown arch {arch!r}; valid archs are '
-                                 f'{sorted(set(cls.arch_zoo))} or a dict')
-            return copy.deepcopy(cls.arch_zoo[arch.lower()])
-        if not isinstance(arch, dict) or not set(ARCH_ESSENTIALS) <= set(arch):
-            raise ValueError(f'a custom arch needs a dict with keys {sorted(ARCH_ESSENTIALS)}, '
-                             f'got {arch!r}')
-        unknown = sorted(set(arch) - set(ARCH_ESSENTIALS) - set(ARCH_SWITCH_DEFAULTS))
-        if unknown:
-            raise ValueError(f'unknown key(s) {unknown} in the arch dict; an arch holds '
-                             f'{list(ARCH_ESSENTIALS)} and any of {list(ARCH_SWITCH_DEFAULTS)}')
-        return copy.deepcopy(dict(arch))
+        return resolve_arch(arch, cls.arch_zoo)
 
-    def _resolve_switches(self, arch, given):
-        """Each switch: the argument, the arch's value, or the plain-ViT default; an argument
-        that contradicts the arch (outside ``OVERRIDABLE_SWITCHES``) is refused."""
-        name = repr(arch) if isinstance(arch, str) else 'the arch dict'
-        switches = {}
-        for key, default in ARCH_SWITCH_DEFAULTS.items():
-            value = given[key]
-            if key in self.arch_settings:
-                fixed = self.arch_settings[key]
-                if (value is not None and _normalised(value) != _normalised(fixed)
-                        and key not in OVERRIDABLE_SWITCHES):
-                    raise ValueError(
-                        f'arch {name} sets {key}={fixed!r}, which defines the models of its '
-                        f'checkpoints; got {key}={value!r}. Leave {key} unset, or pass a custom '
-                        f'arch dict (e.g. dict(LinearViT.arch_zoo[...], {key}=...))')
-                value = fixed if value is None else value
-            switches[key] = copy.deepcopy(default if value is None else value)
-        self._check_switches(switches, given)
-        return switches
-
-    def _check_switches(self, switches, given):
-        if switches['pos_embed_type'] not in (None, ) + self.POS_EMBED_TYPES:
-            raise ValueError(f"unsupported pos_embed_type {switches['pos_embed_type']!r}; choose "
-                             f'from {self.POS_EMBED_TYPES}')
-        if switches['ffn_type'] not in FFN_TYPES:
-            raise ValueError(f"unknown ffn_type {switches['ffn_type']!r}; choose from {FFN_TYPES}")
-        if switches['ffn_norm'] and switches['ffn_type'] != 'swiglu':
-            raise ValueError("ffn_norm (a norm of the hidden features) exists for "
-                             "ffn_type='swiglu' only")
-        if switches['ffn_type'] == 'swiglu' and (given['act_cfg'] is not None
-                                                 or 'act_cfg' in self.arch_settings):
-            raise ValueError("act_cfg does not apply to ffn_type='swiglu' (its gate is SiLU); "
-                             'leave it unset')
-        registers = switches['num_register_tokens']
-        if not (isinstance(registers, int) and not isinstance(registers, bool) and registers >= 0):
-            raise ValueError(f'num_register_tokens must be an int >= 0, got {registers!r}')
-        if not switches['layer_scale_init_value'] >= 0:
-            raise ValueError(f"layer_scale_init_value must be >= 0 (0: no LayerScale), got "
-                             f"{switches['layer_scale_init_value']}")
-        if switches['no_embed_class'] and switches['pos_embed_type'] not in (None, 'learned'):
-            raise ValueError(f"no_embed_class concerns a learned position embedding; "
-                             f"pos_embed_type is {switches['pos_embed_type']!r}")
 
     def _windowed_blocks(self, window_size, window_block_indexes):
         """The blocks that run windowed attention (``window_block_indexes``, negative ones
@@ -609,40 +331,6 @@ class LinearViT(BaseBackbone):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
 
-    def _resample_pos_embed(self, pos_embed, src_shape, dst_shape):
-        """timm's resampling of the patch part (leading extra-token slots kept as they are)."""
-        # Traced, the resampling always runs (to the same grid it is the identity), so that
-        # an exported graph is not tied to the example's grid.
-        if not is_tracing() and tuple(src_shape) == tuple(dst_shape):
-            return pos_embed
-        # Imported here: importing timm's layers costs seconds, and most models never resize.
-        from timm.layers import resample_abs_pos_embed
-        return resample_abs_pos_embed(pos_embed, new_size=list(dst_shape),
-                                      old_size=list(src_shape),
-                                      num_prefix_tokens=self.pos_embed_extra_tokens,
-                                      interpolation=self.interpolate_mode,
-                                      antialias=self.pos_embed_antialias)
-
-    def _resize_pos_embed_on_load(self, state_dict, prefix, *args, **kwargs):
-        name = prefix + 'pos_embed'
-        if name not in state_dict:
-            return
-        ckpt_pos_embed = state_dict[name]
-        if ckpt_pos_embed.shape == self.pos_embed.shape:
-            return
-        ckpt_patches = ckpt_pos_embed.shape[1] - self.pos_embed_extra_tokens
-        side = int(math.isqrt(max(ckpt_patches, 0)))
-        if (side * side != ckpt_patches or ckpt_patches == 0
-                or ckpt_pos_embed.shape[2] != self.embed_dims):
-            # Leave it to load_state_dict to report the mismatch by name.
-            return
-        from mmengine.logging import MMLogger
-        MMLogger.get_current_instance().info(
-            f'Resize the pos_embed shape from {tuple(ckpt_pos_embed.shape)} to '
-            f'{tuple(self.pos_embed.shape)}.')
-        state_dict[name] = self._resample_pos_embed(ckpt_pos_embed, (side, side),
-                                                    self.patch_resolution)
-
     def _freeze_stages(self):
         frozen = [self.patch_embed, self.drop_after_pos, self.pre_norm]
         frozen += list(self.layers[:self.frozen_stages])
@@ -663,43 +351,6 @@ class LinearViT(BaseBackbone):
         return self
 
     # ------------------------------------------------------------------ forward pieces
-    def position_embedding(self, hw_shape, x):
-        """The absolute position embedding for the grid ``hw_shape``, ``(1, slots + H*W, C)``
-        with ``slots = pos_embed_extra_tokens`` leading extra-token slots; ``None`` for a
-        model without one (``pos_embed_type='none'``)."""
-        if self.pos_embed_type == 'none':
-            return None
-        if self.pos_embed is None:
-            return _cached_sincos_pos_embed(tuple(hw_shape), self.embed_dims, x.device, x.dtype)
-        return self._resample_pos_embed(self.pos_embed, self.patch_resolution, hw_shape)
-
-    def embed(self, x):
-        """Images ``(B, 3, H, W)`` -> tokens (class token, registers, patches) and the grid.
-
-        With ``embed`` and the blocks of ``layers`` (each called as
-        ``layer(tokens, hw_shape)``), a wrapper such as the ViT-Adapter runs the
-        backbone block by block.
-        """
-        x, hw_shape = self.patch_embed(x)
-        extras = [token.expand(x.shape[0], -1, -1)
-                  for token in (self.cls_token, self.register_tokens) if token is not None]
-        if not extras:
-            # PatchEmbed returns a transposed view of its NCHW output. Elementwise ops keep
-            # their input's layout, so without an extra token (whose concatenation copies)
-            # the whole residual stream would stay transposed, and every LayerNorm, forward
-            # and backward, would copy it back to contiguous.
-            x = x.contiguous()
-        pos_embed = self.position_embedding(hw_shape, x)
-        if pos_embed is not None and self.no_embed_class:
-            # the embedding covers the patches: add it, then prepend the extra tokens
-            x = x + pos_embed
-            pos_embed = None
-        if extras:
-            x = torch.cat(extras + [x], dim=1)
-        if pos_embed is not None:
-            x = x + pos_embed
-        return self.pre_norm(self.drop_after_pos(x)), hw_shape
-
     def forward(self, x):
         x, hw_shape = self.embed(x)
         outs = []
@@ -744,12 +395,3 @@ class LinearViT(BaseBackbone):
         else:
             depth = num_depths - 1
         return depth, num_depths
-
-
-def _normalised(value):
-    """Lists as tuples, recursively, so a config's ``[16, 16]`` equals an arch's ``(16, 16)``."""
-    if isinstance(value, dict):
-        return {key: _normalised(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return tuple(_normalised(item) for item in value)
-    return value

@@ -280,6 +280,8 @@ def test_stem_depth_and_freezing_include_registers_and_pre_norm():
 class NoSwitchesAttention(BaseAttention):
     """An operator of another package: the plain signature, no RoPE, no LayerScale."""
 
+    options = ('qkv_bias', 'attn_drop', 'proj_drop')
+
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias)
         self.qkv = nn.Linear(embed_dims, 3 * embed_dims, bias=qkv_bias)
