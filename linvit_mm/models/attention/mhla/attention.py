@@ -1,40 +1,16 @@
-"""Multi-Head Linear Attention (MHLA; Zhang et al., ICLR 2026, "MHLA: Restoring
-Expressivity of Linear Attention via Token-Level Multi-Head").
-
-The patch grid is cut into ``M`` non-overlapping spatial blocks, the "token-level
-heads". Each block ``b`` sums its own key-value state and normaliser,
-``S_b = sum phi(k) v^T`` and ``z_b = sum phi(k)``; a learned ``M x M`` matrix ``W``
-mixes them, and a query ``t`` in block ``i`` reads
-
-    out_t = phi(q_t)^T (sum_j W_ij S_j) / (phi(q_t)^T sum_j W_ij z_j + eps)
-
-(``normaliser='consistent'``, the default), so different regions see differently weighted
-summaries of the image while the cost stays O(N C d + M^2 C d). A 5 x 5 depthwise
-convolution of the values, in image layout, is added before the output projection.
-
-The authors' code (``MHLA_Normed_Torch`` of DAGroup-PKU/MHLA), which produced the paper's
-MHLA results, divides instead by ``sum_j W_ij phi(q_{j,p})^T z_j + eps``, where
-``q_{j,p}`` is the query at the reading query's in-block position ``p`` of block ``j``
-(``normaliser='official'``): each block's normaliser is paired with another block's
-query, so the weights of a query's keys do not sum to one. The default keeps the form
-whose numerator and normaliser come from the same query, a weighted mean of the values
-for positive mixing weights (equal values in, that value out), which a Softmax
-initialisation relies on; ``'official'`` reproduces the authors' module (with
-``attn_norm``, ``qk_norm``, their block layout (:data:`OFFICIAL_IMAGENET`) and
-``qkv_bias=False``).
-"""
-import math
-from typing import NamedTuple
-
+"""The MHLA operator and its fast form (the docstring of :mod:`linvit_mm.models.attention.mhla`
+says what it computes); the block layout is in ``blocks``, the O(N^2) oracle in
+``reference``."""
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...ops import depthwise_conv2d
-from ...utils.tracing import is_tracing
-from .base import BaseAttention, float32_state, register_attention
+from ....ops import depthwise_conv2d
+from ..base import BaseAttention, float32_state, register_attention
+from .blocks import (BlockLayout, _pair, blocks_to_tokens, distance_mixing_matrix, padding_mask,
+                     to_blocks)
+from .reference import MHLAReference
 
-MIXING_INITS = ('linear', 'cos')
 NORMALISERS = ('consistent', 'official')
 
 # The operator arguments of the authors' ImageNet ViTs (``deit_*_pla_1d_v6_6`` with the
@@ -49,89 +25,8 @@ OFFICIAL_IMAGENET = dict(num_blocks=(4, 4), mixing_init='linear', normaliser='of
                          attn_norm=True, qk_norm=True)
 
 
-class BlockLayout(NamedTuple):
-    """How an ``H x W`` grid is cut into ``rows x cols`` blocks of ``block_h x block_w``.
-
-    The block count is fixed by the module and the block size follows the grid
-    (``ceil(H / rows) x ceil(W / cols)``), so the mixing matrix keeps its meaning at any
-    resolution, unless the module fixes the block size too. The grid is zero-padded at the
-    bottom and right up to ``padded_h x padded_w``.
-    """
-
-    rows: int
-    cols: int
-    block_h: int
-    block_w: int
-
-    @property
-    def num_blocks(self):
-        return self.rows * self.cols
-
-    @property
-    def padded_h(self):
-        return self.rows * self.block_h
-
-    @property
-    def padded_w(self):
-        return self.cols * self.block_w
-
-    def pads(self, hw_shape):
-        """Whether the ``hw_shape`` grid needs padding to fill the blocks. Always, while
-        tracing: padding by zero rows is the identity, and a branch on the grid would tie a
-        traced graph to the example's grid."""
-        return is_tracing() or (self.padded_h, self.padded_w) != tuple(hw_shape)
-
-
-def distance_mixing_matrix(num_blocks, mode='linear', dtype=None):
-    """Initial ``M x M`` block-mixing weights: nearer blocks weigh more, columns sum to 1.
-
-    Block centres sit on the block lattice (one unit per block, whatever the block
-    size in tokens); ``d`` is the Euclidean distance between centres and ``d_max`` its
-    largest value. ``'linear'``: ``1 - d / d_max`` (the farthest pair starts at 0);
-    ``'cos'``: ``cos(pi/4 * d / d_max)``. Column ``j`` holds how block ``j``'s summary
-    is shared among the blocks that read it, normalised to total 1 (MHLA paper and
-    its public code). A single block gets weight 1. Computed in float64, returned in
-    ``dtype`` (default: torch's default dtype, that of the module's other parameters).
-    """
-    if mode not in MIXING_INITS:
-        raise ValueError(f'unknown mixing_init {mode!r}; valid choices are: '
-                         f'{", ".join(MIXING_INITS)}')
-    rows, cols = num_blocks
-    grid = torch.stack(torch.meshgrid(torch.arange(rows, dtype=torch.float64),
-                                      torch.arange(cols, dtype=torch.float64),
-                                      indexing='ij'), dim=-1).reshape(-1, 2)
-    distance = torch.cdist(grid, grid)
-    max_distance = distance.max()
-    if max_distance == 0:
-        weights = torch.ones_like(distance)
-    elif mode == 'linear':
-        weights = 1. - distance / max_distance
-    else:
-        weights = torch.cos(distance / max_distance * (math.pi / 4))
-    weights = weights / weights.sum(dim=0, keepdim=True)
-    return weights.to(torch.get_default_dtype() if dtype is None else dtype)
-
-
-def _dense(t):
-    """``t`` laid out contiguously: eager, ``contiguous()`` (a copy only where needed, as a
-    ``reshape`` would make); traced, always a copy, because asking whether a crop of the
-    padded grid is contiguous would tie the graph to the example's grid."""
-    return t.clone(memory_format=torch.contiguous_format) if is_tracing() else t.contiguous()
-
-
-def _pair(value, name='num_blocks', axes='(rows, cols)'):
-    if isinstance(value, int):
-        value = (value, value)
-    if (not isinstance(value, (tuple, list)) or len(value) != 2
-            or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
-                       for n in value)):
-        raise ValueError(f'{name} must be a positive int or a pair {axes} of positive '
-                         f'ints, got {value!r}')
-    return tuple(value)
-
-
 @register_attention('mhla')
-class MultiHeadLinearAttention(BaseAttention):
+class MultiHeadLinearAttention(MHLAReference, BaseAttention):
     """Multi-Head Linear Attention over a fixed layout of spatial token blocks.
 
     Grids of any size work. When a side does not divide by its block count the
@@ -284,51 +179,14 @@ class MultiHeadLinearAttention(BaseAttention):
         local = depthwise_conv2d(image, conv.weight, conv.bias, conv.padding[0])
         return local.permute(0, 2, 3, 1).reshape(B, -1, C)
 
-    @staticmethod
-    def _to_blocks(t, hw_shape, layout):
-        """``(..., H*W, d)`` -> ``(..., M, block_h*block_w, d)``, zero-padded, one copy."""
-        *lead, _, d = t.shape
-        H, W = hw_shape
-        t = t.reshape(*lead, H, W, d)
-        if layout.pads(hw_shape):
-            t = F.pad(t, (0, 0, 0, layout.padded_w - W, 0, layout.padded_h - H))
-        t = t.reshape(*lead, layout.rows, layout.block_h, layout.cols, layout.block_w, d)
-        t = t.transpose(-4, -3)
-        return t.reshape(*lead, layout.num_blocks, layout.block_h * layout.block_w, d)
-
-    @staticmethod
-    def _blocks_to_tokens(t, hw_shape, layout):
-        """``(B, h, M, block_h*block_w, d)`` -> ``(B, H*W, h*d)``: padded queries dropped,
-        heads merged, in one copy (two when the grid was padded)."""
-        B, h, _, _, d = t.shape
-        H, W = hw_shape
-        t = t.reshape(B, h, layout.rows, layout.cols, layout.block_h, layout.block_w, d)
-        t = t.permute(0, 2, 4, 3, 5, 1, 6)                      # (B, rows, bh, cols, bw, h, d)
-        if layout.pads(hw_shape):
-            # the real tokens gathered, not cropped: a crop of a grid of symbolic size would
-            # tie a traced graph to the example's grid
-            rows = torch.arange(H, device=t.device)[:, None] * layout.padded_w
-            real = (rows + torch.arange(W, device=t.device)).flatten()
-            padded = _dense(t).view(B, layout.padded_h * layout.padded_w, h * d)
-            return padded.index_select(1, real)
-        return _dense(t).view(B, H * W, h * d)
-
-    def _padding_mask(self, hw_shape, layout, device, dtype):
-        """``(M, block_h*block_w, 1)``: 1 for real tokens, 0 for the padding."""
-        # compared, not sliced: a slice assignment would tie a traced graph to the grid
-        rows = torch.arange(layout.padded_h, device=device) < hw_shape[0]
-        cols = torch.arange(layout.padded_w, device=device) < hw_shape[1]
-        real = (rows[:, None] & cols[None, :]).to(dtype)
-        return self._to_blocks(real.reshape(-1, 1), (layout.padded_h, layout.padded_w), layout)
-
     def _block_rotation(self, hw_shape, layout, like):
         """The RoPE rotation of the patch grid in block layout (``None`` without RoPE): its
         tables are ``(M, block_h*block_w, d)``, zero on the padding."""
         rotation = self.rotation(hw_shape, 0, like)
         if rotation is None:
             return None
-        return rotation._replace(sin=self._to_blocks(rotation.sin, hw_shape, layout),
-                                 cos=self._to_blocks(rotation.cos, hw_shape, layout))
+        return rotation._replace(sin=to_blocks(rotation.sin, hw_shape, layout),
+                                 cos=to_blocks(rotation.cos, hw_shape, layout))
 
     def _mixed_linear(self, qk, v, hw_shape, layout, num_extra):
         """Queries and keys ``(B, N, 2C)``, values ``(B, N, C)`` -> attention outputs of the
@@ -362,14 +220,14 @@ class MultiHeadLinearAttention(BaseAttention):
         patches = slice(num_extra, None)
         with torch.autocast(device_type=v.device.type, enabled=False):
             qk_blocks, v_blocks, mixing = float32_state(
-                self._to_blocks(heads(qk, patches, 2), hw_shape, layout),
-                self._to_blocks(heads(v, patches, 1), hw_shape, layout).squeeze(0),
+                to_blocks(heads(qk, patches, 2), hw_shape, layout),
+                to_blocks(heads(v, patches, 1), hw_shape, layout).squeeze(0),
                 self.block_mixing)                                          # v: (B, h, M, T, d)
             q_blocks, k_blocks = self._stacked_features(qk_blocks).unbind(0)
             padded = layout.pads(hw_shape)
             if padded:
                 # Padded keys would add the feature floor to the normalisers.
-                real = self._padding_mask(hw_shape, layout, k_blocks.device, k_blocks.dtype)
+                real = padding_mask(hw_shape, layout, k_blocks.device, k_blocks.dtype)
                 k_blocks = k_blocks * real
             rotation = self._block_rotation(hw_shape, layout, k_blocks)
             summary_keys = k_blocks if rotation is None else rotation.rotate(k_blocks)
@@ -403,7 +261,7 @@ class MultiHeadLinearAttention(BaseAttention):
                     normaliser = normaliser + q_blocks @ extra_z[:, :, None, :, None]
             # one reciprocal per query, then a product: the backward of a division by a
             # broadcast denominator costs three more passes over the numerator
-            out = self._blocks_to_tokens(numerator * (normaliser + self.eps).reciprocal(),
+            out = blocks_to_tokens(numerator * (normaliser + self.eps).reciprocal(),
                                          hw_shape, layout)
             if num_extra:
                 # Extra queries read the unmixed sum over every token.
@@ -431,155 +289,6 @@ class MultiHeadLinearAttention(BaseAttention):
         if out_extra is not None:
             # The value convolution touches patch tokens only.
             out = torch.cat([out_extra, out], dim=1)
-        return self.project(out)
-
-    # ------------------------------------------------------------ the O(N^2) reference
-    # Written apart from the fast form above, as the tests' oracle: it shares the
-    # projections and the parameters with it, nothing else (no block layout, padding,
-    # block reshaping, feature helper or convolution kernel), so a fault in one form
-    # shows up as a disagreement with the other.
-
-    def _reference_block_shape(self, hw_shape):
-        """``(block_h, block_w)`` for ``hw_shape``; refuses a grid the fixed layout cannot hold."""
-        H, W = hw_shape
-        rows, cols = self.num_blocks
-        if self.block_size is None:
-            return -(-H // rows), -(-W // cols)
-        if H > rows * self.block_size[0] or W > cols * self.block_size[1]:
-            raise ValueError(f'a {H}x{W} grid does not fit the fixed layout of {rows}x{cols} '
-                             f'blocks of {self.block_size[0]}x{self.block_size[1]} tokens')
-        return self.block_size
-
-    def _reference_positions(self, hw_shape, num_extra):
-        """Per token: whether it is a patch, its row, column and block (blocks row-major)."""
-        H, W = hw_shape
-        block_h, block_w = self._reference_block_shape(hw_shape)
-        token = torch.arange(num_extra + H * W, device=self.block_mixing.device)
-        patch = token >= num_extra
-        position = (token - num_extra).clamp(min=0)
-        row, col = position // W, position % W
-        return patch, row, col, (row // block_h) * self.num_blocks[1] + col // block_w
-
-    def reference_mixing_weights(self, hw_shape, num_extra=0):
-        """``(N, N)`` factor on ``phi(q_t)^T phi(k_s)``: ``W[block(t), block(s)]`` between
-        patch tokens, 1 wherever an extra token is involved.
-
-        A patch token at row ``r`` and column ``c`` lies in block
-        ``(r // block_h) * cols + c // block_w`` (blocks row-major, the last row or column
-        of blocks shorter, or empty, when a side does not fill the layout), with
-        ``block_h x block_w`` the fixed ``block_size`` or ``ceil(H / rows) x ceil(W / cols)``.
-        """
-        patch, _, _, block = self._reference_positions(hw_shape, num_extra)
-        both_patches = patch[:, None] & patch[None, :]
-        mixed = self.block_mixing[block[:, None], block[None, :]]
-        return torch.where(both_patches, mixed, torch.ones_like(mixed))
-
-    def reference_partners(self, hw_shape, num_extra=0):
-        """``(N, N)`` index of the query the official normaliser pairs with key ``s`` for
-        query ``t``: the token of ``s``'s block at ``t``'s in-block position when both are
-        patches (``-1`` where that position is off the grid), else ``t`` itself.
-
-        Query ``t`` at ``(r, c)`` and a key in block ``(I, J)`` of ``block_h x block_w``
-        tokens pair with the token at ``(I * block_h + r % block_h, J * block_w + c % block_w)``.
-        """
-        H, W = hw_shape
-        block_h, block_w = self._reference_block_shape(hw_shape)
-        patch, row, col, block = self._reference_positions(hw_shape, num_extra)
-        cols = self.num_blocks[1]
-        partner_row = (block[None, :] // cols) * block_h + (row % block_h)[:, None]
-        partner_col = (block[None, :] % cols) * block_w + (col % block_w)[:, None]
-        partner = num_extra + partner_row * W + partner_col
-        on_grid = (partner_row < H) & (partner_col < W)
-        partner = torch.where(on_grid, partner, torch.full_like(partner, -1))
-        both_patches = patch[:, None] & patch[None, :]
-        own = torch.arange(len(patch), device=patch.device)[:, None].expand_as(partner)
-        return torch.where(both_patches, partner, own)
-
-    def _reference_norms(self, x):
-        """``attn_norm``'s LayerNorm by its formula, ``(x - mean) / sqrt(var + eps) * w + b``
-        (biased variance over the channels); ``x`` unchanged without it."""
-        if not isinstance(self.norm, nn.LayerNorm):
-            return x
-        mean = x.mean(dim=-1, keepdim=True)
-        variance = ((x - mean)**2).mean(dim=-1, keepdim=True)
-        return (x - mean) / torch.sqrt(variance + self.norm.eps) * self.norm.weight + self.norm.bias
-
-    @staticmethod
-    def _reference_rms(norm, t):
-        """RMSNorm by its formula, ``t / sqrt(mean(t^2) + eps) * w`` (PyTorch's eps ``None``
-        is the dtype's machine epsilon); ``t`` unchanged for an identity."""
-        if not isinstance(norm, nn.RMSNorm):
-            return t
-        eps = torch.finfo(t.dtype).eps if norm.eps is None else norm.eps
-        return t / torch.sqrt((t * t).mean(dim=-1, keepdim=True) + eps) * norm.weight
-
-    def _reference_value_conv(self, values, hw_shape, num_extra):
-        """The depthwise value convolution as a sum over the kernel's taps, zero for the
-        extra tokens: patch ``(r, c)`` of channel ``ch`` gets
-        ``bias[ch] + sum_ij weight[ch, i, j] * v[r + i - p, c + j - p, ch]``, with positions
-        off the grid reading zero (``p`` is half the kernel side)."""
-        B, _, C = values.shape
-        H, W = hw_shape
-        weight, bias = self.value_conv.weight[:, 0], self.value_conv.bias   # (C, K, K), (C,)
-        K = weight.shape[-1]
-        p = K // 2
-        image = values[:, num_extra:].reshape(B, H, W, C)
-        framed = image.new_zeros(B, H + 2 * p, W + 2 * p, C)
-        framed[:, p:p + H, p:p + W] = image
-        local = bias.expand(B, H, W, C)
-        for i in range(K):
-            for j in range(K):
-                local = local + weight[:, i, j] * framed[:, i:i + H, j:j + W]
-        return torch.cat([local.new_zeros(B, num_extra, C), local.reshape(B, H * W, C)], dim=1)
-
-    def forward_reference(self, x, hw_shape):
-        """The same operator as explicit sums over every pair of tokens, O(N^2):
-
-            out_t = sum_s A_ts v_s / (sum_s W_ts phi(q_u)^T phi(k_s) + eps),
-            A_ts = W_ts (R_t phi(q_t))^T (R_s phi(k_s)),
-
-        with ``W`` from :meth:`reference_mixing_weights`, ``phi(x) = relu(x) +
-        feature_floor``, ``R_t`` the token's RoPE matrix (identity without RoPE and for
-        extra tokens) and ``u = t`` under the consistent normaliser, ``u`` the partner of
-        :meth:`reference_partners` under the official one (a missing partner reads zero);
-        then the value convolution and the output projection. ``attn_norm`` and ``qk_norm``
-        are applied by their formulas.
-        """
-        B, N, C = x.shape
-        H, W = hw_shape
-        num_extra = N - H * W
-        if num_extra < 0:
-            raise ValueError(f'{N} tokens cannot hold a {H}x{W} grid')
-        if H < 1 or W < 1:
-            raise ValueError(f'the patch grid must be at least 1x1, got {H}x{W}')
-        h, d = self.num_heads, self.head_dims
-        q, k, values = self.qkv(self._reference_norms(x)).chunk(3, dim=-1)
-        q, k = self._reference_rms(self.q_norm, q), self._reference_rms(self.k_norm, k)
-        out_dtype = values.dtype
-        # the state sums of the fast form run in float32 at least; so does this form
-        compute_dtype = torch.promote_types(out_dtype, torch.float32)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            q, k, v = (t.to(compute_dtype).reshape(B, N, h, d).transpose(1, 2)
-                       for t in (q, k, values))                             # (B, h, N, d)
-            phi_q, phi_k = (torch.where(t > 0, t, 0.) + self.feature_floor for t in (q, k))
-            weights = self.reference_mixing_weights(hw_shape, num_extra).to(compute_dtype)
-            if self.normaliser == 'official':
-                # index -1 (no partner) reads an appended zero query
-                padded_q = torch.cat([phi_q, phi_q.new_zeros(B, h, 1, d)], dim=2)
-                paired = padded_q[:, :, self.reference_partners(hw_shape, num_extra)]
-                normaliser = torch.einsum('ts,bhtsc,bhsc->bht', weights, paired, phi_k)
-            else:
-                normaliser = torch.einsum('ts,bhtc,bhsc->bht', weights, phi_q, phi_k)
-            if self.rope is None:
-                rot_q, rot_k = phi_q, phi_k
-            else:
-                rotation = self.rope(hw_shape, num_extra, phi_q).as_reference()
-                rot_q, rot_k = rotation.rotate(phi_q), rotation.rotate(phi_k)
-            scores = weights * torch.einsum('bhtc,bhsc->bhts', rot_q, rot_k)
-            numerator = torch.einsum('bhts,bhsc->bhtc', scores, v)
-            out = numerator / (normaliser.unsqueeze(-1) + self.eps)
-        out = out.to(out_dtype).transpose(1, 2).reshape(B, N, C)
-        out = out + self._reference_value_conv(values, hw_shape, num_extra)
         return self.project(out)
 
     def core_macs(self, num_tokens, hw_shape):
