@@ -56,23 +56,6 @@ def test_measures_both_kinds_of_step(tmp_path, capsys, attn_type, one_thread):
     assert f'wrote {out} and {tmp_path / "distill.png"}' in report
 
 
-def test_hook_is_detached_after_the_run():
-    """Steps without the hook really run no teacher, and nothing stays attached."""
-    args = bench.parse_args([*TINY, '--iters', '1', '--warmup', '0'])
-    model = bench.build_classifier(args.arch, 'relu', 32, 8, 10, 'cpu')
-    before = len(model.backbone._forward_pre_hooks) + len(model._forward_hooks)
-    hook, runner = bench.setup_hook(model, args.arch, 32, 8, 50.)
-    assert len(model.backbone._forward_pre_hooks) + len(model._forward_hooks) == before + 2
-    optim_wrapper = bench.build_optim_wrapper(model, 'cpu', amp=False)
-    data = bench.random_batch(2, 32, 10)
-    _, outputs = bench.timed_step(model, data, optim_wrapper, 'cpu')
-    assert 'loss_distill' not in outputs
-    _, outputs = bench.timed_step(model, data, optim_wrapper, 'cpu', hook, runner)
-    assert torch.isfinite(outputs['loss_distill'])
-    hook.after_train(runner)
-    assert len(model.backbone._forward_pre_hooks) + len(model._forward_hooks) == before
-
-
 @pytest.mark.parametrize('argv, message', [
     (['--attn-type', 'softmax'], 'its own teacher'),
     (['--attn-type', 'linformer'], 'unknown attention type'),

@@ -36,85 +36,18 @@ import linvit_mm  # noqa: E402,F401  isort: skip
 import argparse
 import csv
 import os.path as osp
-import statistics
-import time
 from datetime import datetime, timezone
 
 import torch
 
 from linvit_mm.models.attention import attention_types
-from linvit_mm.utils.benchmark import (ForwardClock, padded, parse_arch, quiet_mmengine_logs,
-                                      rotated, synchronise)
+from linvit_mm.utils.benchmark import padded, parse_arch
+from linvit_mm.utils.benchmark.adapter import benchmark
+from linvit_mm.utils.benchmark.targets import adapter_target as evaluate_target
 
-REFERENCE = 'softmax'
 CSV_COLUMNS = ('operator', 'width', 'height', 'padded_width', 'padded_height', 'patch_tokens',
                'total_ms', 'vit_blocks_ms', 'adapter_ms', 'speedup', 'speedup_vit_blocks',
                'total_samples_ms', 'repeats', 'warmup', 'threads', 'device')
-
-
-def build_adapter(attn_type, arch, device):
-    from linvit_mm.models.adapters import LinearViTAdapter
-    model = LinearViTAdapter(vit=dict(arch=arch, attn_type=attn_type, img_size=224))
-    with quiet_mmengine_logs():
-        model.init_weights()
-    return model.to(device).eval()
-
-
-@torch.no_grad()
-def timed_forward(model, clock, images, device):
-    clock.take()
-    synchronise(device)
-    start = time.perf_counter()
-    outs = model(images)
-    synchronise(device)
-    total = time.perf_counter() - start
-    return total, clock.take(), outs
-
-
-def benchmark(operators, arch, size, device, repeats, warmup, log=print):
-    width, height = size
-    pad_w, pad_h = padded(width), padded(height)
-    torch.manual_seed(0)
-    images = torch.randn(1, 3, pad_h, pad_w, device=device)
-    models, clocks = {}, {}
-    for op in operators:
-        models[op] = build_adapter(op, arch, device)
-        clocks[op] = ForwardClock(models[op].vit.layers, device)
-    patch = models[operators[0]].vit.patch_size
-    samples = {op: [] for op in operators}
-    block_samples = {op: [] for op in operators}
-    for rep in range(warmup + repeats):
-        for op in rotated(operators, rep):
-            total, blocks, outs = timed_forward(models[op], clocks[op], images, device)
-            del outs
-            if rep >= warmup:
-                samples[op].append(total)
-                block_samples[op].append(blocks)
-        if rep >= warmup:
-            log(f'repeat {rep - warmup + 1}/{repeats}: ' + '  '.join(
-                f'{op} {samples[op][-1] * 1e3:.0f}' for op in operators) + ' ms')
-    rows = []
-    for op in operators:
-        total = statistics.median(samples[op])
-        blocks = statistics.median(block_samples[op])
-        rows.append(dict(operator=op, width=width, height=height, padded_width=pad_w,
-                         padded_height=pad_h, patch_tokens=(pad_h // patch) * (pad_w // patch),
-                         total_ms=total * 1e3, vit_blocks_ms=blocks * 1e3,
-                         adapter_ms=statistics.median(
-                             t - b for t, b in zip(samples[op], block_samples[op])) * 1e3,
-                         total_samples_ms=[t * 1e3 for t in samples[op]]))
-    add_speedups(rows)
-    return rows
-
-
-def add_speedups(rows):
-    reference = next((row for row in rows if row['operator'] == REFERENCE), None)
-    for row in rows:
-        if reference is None:
-            row['speedup'] = row['speedup_vit_blocks'] = None
-            continue
-        row['speedup'] = reference['total_ms'] / row['total_ms']
-        row['speedup_vit_blocks'] = reference['vit_blocks_ms'] / row['vit_blocks_ms']
 
 
 def _fmt(value, spec):
@@ -130,22 +63,6 @@ def format_table(rows):
                      f'| {row["adapter_ms"]:.0f} | {_fmt(row["speedup"], ".2f")} | '
                      f'{_fmt(row["speedup_vit_blocks"], ".2f")} |')
     return '\n'.join(lines)
-
-
-def evaluate_target(rows):
-    """The target: every linear operator's forward is faster than softmax's."""
-    by_op = {row['operator']: row for row in rows}
-    if REFERENCE not in by_op:
-        return None, ['softmax not measured: no comparison']
-    lines, passed = [], True
-    for op, row in by_op.items():
-        if op == REFERENCE:
-            continue
-        ok = row['total_ms'] < by_op[REFERENCE]['total_ms']
-        passed &= ok
-        lines.append(f'{op}: {row["total_ms"]:.0f} ms vs softmax '
-                     f'{by_op[REFERENCE]["total_ms"]:.0f} ms -> {"PASS" if ok else "FAIL"}')
-    return passed, lines
 
 
 def write_csv(rows, path, repeats, warmup, device):

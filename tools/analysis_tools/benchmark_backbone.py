@@ -42,6 +42,12 @@ Multiply-accumulate counts (the speed-up bound)
     ViT-S, the per-block ratios (``mac_bound(..., blocks_only=True)``) are 2.70 at 4096
     tokens and 7.89 at 16384; with the patch embedding they are 2.68 and 7.80.
 
+Targets
+    Checked at the end of a run, their thresholds in ``linvit_mm.utils.benchmark.targets``:
+    each operator's speed-up at 4096 and 16384 tokens reaches its share of the MAC bound
+    (``BOUND_FRACTION_TARGETS``), at 196 tokens it is at most 1.1x slower than softmax, and
+    its step's peak memory grows at most 4.5x from 4096 to 16384 tokens.
+
 Hybrids
     ``--operators`` also takes a hybrid in the compact form ``LinearViT.attn_type`` reports,
     e.g. ``relu+softmax@0,11`` (relu, Softmax in blocks 0 and 11). ``count_macs`` sums its
@@ -79,328 +85,31 @@ LINVIT_MM_TOOL = True
 import linvit_mm  # noqa: E402,F401  isort: skip
 import argparse
 import csv
-import gc
 import json
 import os
-import statistics
-import subprocess
-import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from linvit_mm.models.attention import attention_types
-from linvit_mm.models.attention.mhla import OFFICIAL_IMAGENET
-from linvit_mm.models.backbones.hybrid import (describe_attn_types, parse_attn_spec,
-                                               resolve_attn_types)
 from linvit_mm.cpu_threads import usable_cores, usable_cpus
+from linvit_mm.models.attention import attention_types
+from linvit_mm.models.backbones.hybrid import describe_attn_types, resolve_attn_types
 from linvit_mm.utils.benchmark import (NEIGHBOUR_STEP, NEIGHBOUR_STEPS, NEIGHBOUR_WARMUP,
                                        format_neighbour_table, neighbour_policies, parse_arch,
-                                       quiet_mmengine_logs, rotated,
-                                       run_neighbour_benchmark, synchronise)
-from linvit_mm.utils.complexity import count_macs, patch_grid
+                                       run_neighbour_benchmark)
+from linvit_mm.utils.benchmark.backbone import (OPERATOR_VARIANTS, REFERENCE, add_ratios,
+                                                benchmark_size, cpu_train_peak_mib,
+                                                probe_train_peak)
+from linvit_mm.utils.benchmark.targets import (BOUND_TARGET_TOKENS, MEMORY_PAIR, SMALL_TOKENS,
+                                               evaluate_targets)
 
 DEFAULT_SIZES = (224, 512, 1024, 2048)
-REFERENCE = 'softmax'
 CSV_COLUMNS = ('size', 'patch_tokens', 'tokens', 'operator', 'fwd_ms', 'train_ms', 'peak_mib',
                'speedup_fwd', 'speedup_train', 'mac_bound', 'fwd_pct_of_bound',
                'train_pct_of_bound', 'gmacs', 'fwd_cpu_ms', 'train_cpu_ms', 'cpu_speedup_fwd',
                'cpu_speedup_train', 'fwd_samples_ms', 'train_samples_ms', 'repeats',
                'warmup', 'threads', 'background_cores', 'retakes', 'device', 'memory_method')
-# Targets (CPU, fp32, batch 1, ViT-S); the fraction of the MAC bound is each operator's
-# ``bound_fraction_target``.
-BOUND_TARGET_TOKENS = (4096, 16384)
-SMALL_TOKENS, SMALL_SLOWDOWN = 196, 1.1
-MEMORY_PAIR, MEMORY_GROWTH = (4096, 16384), 4.5
-HYBRID_EXCESS = 1.1
-# Above glibc's default threshold, below every activation of interest.
-MMAP_THRESHOLD = 128 * 1024
-PROBE_GRID = 2  # patches per side of the subprocess's warm-up input
-# Forms of an operator measured under their own names beside its default form:
-# name -> (operator, extra LinearViT arguments).
-OPERATOR_VARIANTS = {
-    'mhla-offnorm': ('mhla', dict(attn_cfg=dict(normaliser='official'))),
-    'mhla-official': ('mhla', dict(attn_cfg=OFFICIAL_IMAGENET, qkv_bias=False)),
-}
-
-
-# ---------------------------------------------------------------- model construction
-def build_backbone(attn_type, arch, size, patch_size=16, init=True):
-    """A LinearViT for ``size``-px inputs; ``init`` runs the DeiT initialisation (values
-    only matter for timing through denormals and the like, never for MAC counts)."""
-    from linvit_mm.models.backbones.linear_vit import LinearViT
-    attn_type, extra = OPERATOR_VARIANTS.get(attn_type, (attn_type, {}))
-    model = LinearViT(arch=arch, attn_type=attn_type, img_size=size, patch_size=patch_size,
-                      **extra)
-    if not init:
-        return model
-    with quiet_mmengine_logs():
-        model.init_weights()
-    return model
-
-
-# ---------------------------------------------------------------- MAC counting
-def mac_bound(attn_type, size, arch='small', patch_size=16, blocks_only=False):
-    """``MACs(softmax) / MACs(attn_type)`` for a LinearViT at ``size`` px.
-
-    ``blocks_only`` leaves the patch embedding out (the per-block ratio).
-    """
-    key = 'blocks' if blocks_only else 'total'
-    macs = {op: count_macs(build_backbone(op, arch, size, patch_size, init=False), size)[key]
-            for op in (REFERENCE, attn_type)}
-    return macs[REFERENCE] / macs[attn_type]
-
-
-# ---------------------------------------------------------------- timing
-def scalar_loss(outputs):
-    return sum(out.float().mean() for out in outputs)
-
-
-class Stopwatch:
-    """Wall time and this process's CPU time (all threads) of a block, in ms.
-
-    Wall time is the latency the tables report. CPU time is a diagnostic for shared
-    machines: a thread that waits for a core, or for a peer that waits for one, adds
-    wall time but little CPU time.
-    """
-
-    def __init__(self, device):
-        self.device = device
-        self.wall_ms = self.cpu_ms = None
-
-    def __enter__(self):
-        synchronise(self.device)
-        self._wall, self._cpu = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc):
-        synchronise(self.device)
-        self.wall_ms = (time.perf_counter() - self._wall) * 1e3
-        self.cpu_ms = (time.process_time() - self._cpu) * 1e3
-
-
-def time_forward(model, images):
-    model.eval()
-    with torch.no_grad(), Stopwatch(images.device) as watch:
-        model(images)
-    return watch
-
-
-def time_train_step(model, images):
-    model.train()
-    model.zero_grad(set_to_none=True)
-    with Stopwatch(images.device) as watch:
-        scalar_loss(model(images)).backward()
-    return watch
-
-
-def cuda_train_peak_mib(model, images):
-    model.train()
-    model.zero_grad(set_to_none=True)
-    torch.cuda.synchronize(images.device)
-    torch.cuda.reset_peak_memory_stats(images.device)
-    before = torch.cuda.memory_allocated(images.device)
-    scalar_loss(model(images)).backward()
-    torch.cuda.synchronize(images.device)
-    peak = torch.cuda.max_memory_allocated(images.device) - before
-    model.zero_grad(set_to_none=True)
-    return peak / 2**20
-
-
-# ---------------------------------------------------------------- CPU peak memory
-def _status_kib(field):
-    with open('/proc/self/status') as status:
-        for line in status:
-            if line.startswith(field + ':'):
-                return int(line.split()[1])
-    raise RuntimeError(f'/proc/self/status has no {field} line')
-
-
-def _reset_peak_rss():
-    # Linux >= 4.0: writing 5 resets VmHWM to the current VmRSS.
-    with open('/proc/self/clear_refs', 'w') as clear_refs:
-        clear_refs.write('5')
-
-
-def probe_train_peak(attn_type, arch, size, threads):
-    """Runs inside the fresh subprocess: the step's peak RSS over RSS just before it."""
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = build_backbone(attn_type, arch, size)
-    warm_side = PROBE_GRID * model.patch_size
-    time_train_step(model, torch.randn(1, 3, warm_side, warm_side))
-    images = torch.randn(1, 3, size, size)
-    model.zero_grad(set_to_none=True)
-    gc.collect()
-    before_kib = _status_kib('VmRSS')
-    _reset_peak_rss()
-    if _status_kib('VmHWM') > before_kib + 1024:
-        raise RuntimeError('resetting VmHWM through /proc/self/clear_refs had no effect; this '
-                           'kernel cannot measure a step peak this way (use --device cuda)')
-    step_ms = time_train_step(model, images).wall_ms
-    peak_kib = _status_kib('VmHWM')
-    return dict(peak_mib=(peak_kib - before_kib) / 1024, rss_before_mib=before_kib / 1024,
-                step_ms=step_ms)
-
-
-def cpu_train_peak_mib(attn_type, arch, size, threads):
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD),
-               MALLOC_TRIM_THRESHOLD_=str(MMAP_THRESHOLD))
-    cmd = [sys.executable, os.path.abspath(__file__), '--probe-memory', attn_type,
-           '--arch', json.dumps(arch) if isinstance(arch, dict) else arch,
-           '--sizes', str(size), '--threads', str(threads)]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f'memory probe for {attn_type} at {size}px failed '
-                           f'(exit {result.returncode}):\n{result.stderr[-3000:]}')
-    return json.loads(result.stdout.strip().splitlines()[-1])['peak_mib']
-
-
-# ---------------------------------------------------------------- background load
-class BackgroundLoad:
-    """CPU cores other processes kept busy, on average, between ``start`` and ``stop``.
-
-    Busy time of the whole machine (``/proc/stat``) minus this process's own CPU time
-    (all its threads, and its finished children), over the wall time. On a shared
-    machine this says how much of the timing ran beside someone else's work; ``None``
-    where ``/proc/stat`` does not exist.
-    """
-
-    def __init__(self):
-        self.ticks_per_s = os.sysconf('SC_CLK_TCK') if hasattr(os, 'sysconf') else 100
-        self._start = None
-
-    @staticmethod
-    def _machine_busy_ticks():
-        with open('/proc/stat') as stat:
-            user, nice, system, idle, iowait, irq, softirq, steal = map(
-                int, stat.readline().split()[1:9])
-        return user + nice + system + irq + softirq + steal
-
-    @staticmethod
-    def _own_cpu_s():
-        times = os.times()
-        return times.user + times.system + times.children_user + times.children_system
-
-    def start(self):
-        try:
-            self._start = (time.perf_counter(), self._machine_busy_ticks(), self._own_cpu_s())
-        except OSError:
-            self._start = None
-
-    def stop(self):
-        if self._start is None:
-            return None
-        wall0, busy0, own0 = self._start
-        busy_s = (self._machine_busy_ticks() - busy0) / self.ticks_per_s
-        own_s = self._own_cpu_s() - own0
-        return max(0., busy_s - own_s) / max(time.perf_counter() - wall0, 1e-9)
-
-
-def wait_for_quiet(max_background, timeout_s, window_s=2.):
-    """Sleep in ``window_s`` steps until other processes keep at most ``max_background``
-    cores busy over one window, or ``timeout_s`` passes; returns the last reading."""
-    deadline = time.perf_counter() + timeout_s
-    while True:
-        load = BackgroundLoad()
-        load.start()
-        time.sleep(window_s)
-        busy = load.stop()
-        if busy is None or busy <= max_background or time.perf_counter() >= deadline:
-            return busy
-
-
-# ---------------------------------------------------------------- the run
-def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
-                   max_background=None, max_retakes=0, quiet_timeout_s=900.):
-    """Interleaved timings of every operator at one size; returns one dict per operator.
-
-    With ``max_background``, a timed (forward, training step) pair during which other
-    processes kept more cores busy than that is thrown away and taken again, after
-    waiting for a quiet moment, up to ``max_retakes`` times; the last take is kept
-    whatever its load. ``retakes`` in the result counts them.
-    """
-    torch.manual_seed(0)
-    models = {op: build_backbone(op, arch, size).to(device) for op in operators}
-    images = torch.randn(1, 3, size, size, device=device)
-    samples = {(op, key): [] for op in operators
-               for key in ('fwd_ms', 'train_ms', 'fwd_cpu_ms', 'train_cpu_ms')}
-    cuda_peak = {}
-    retakes = dict.fromkeys(operators, 0)
-    busy_core_s = timed_s = 0.  # other processes' load over the kept pairs, time-weighted
-    for rep in range(warmup + repeats):
-        for op in rotated(operators, rep):
-            for attempt in range(max_retakes + 1):
-                pair_load = BackgroundLoad()
-                pair_load.start()
-                fwd = time_forward(models[op], images)
-                train = time_train_step(models[op], images)
-                models[op].zero_grad(set_to_none=True)
-                busy = pair_load.stop()
-                if (rep < warmup or max_background is None or busy is None
-                        or busy <= max_background or attempt == max_retakes):
-                    break
-                retakes[op] += 1
-                log(f'  {size}px {op:8s} retake: other processes kept {busy:.2f} cores busy '
-                    f'(fwd {fwd.wall_ms:.1f} ms, train {train.wall_ms:.1f} ms)')
-                wait_for_quiet(max_background, quiet_timeout_s)
-            if rep >= warmup:
-                if busy is not None:
-                    pair_s = (fwd.wall_ms + train.wall_ms) / 1e3
-                    busy_core_s += busy * pair_s
-                    timed_s += pair_s
-                for key, value in (('fwd_ms', fwd.wall_ms), ('train_ms', train.wall_ms),
-                                   ('fwd_cpu_ms', fwd.cpu_ms), ('train_cpu_ms', train.cpu_ms)):
-                    samples[op, key].append(value)
-            log(f'  {size}px {"warm-up" if rep < warmup else f"rep {rep - warmup + 1}"} '
-                f'{op:8s} fwd {fwd.wall_ms:10.1f} ms  train {train.wall_ms:10.1f} ms  '
-                f'(cpu {fwd.cpu_ms:10.1f} / {train.cpu_ms:10.1f} ms)'
-                + ('' if busy is None else f'  others {busy:.2f} cores'))
-    background_cores = busy_core_s / timed_s if timed_s else None
-    if device.type == 'cuda':
-        cuda_peak = {op: cuda_train_peak_mib(models[op], images) for op in operators}
-    first = models[operators[0]]
-    hw_shape = patch_grid(first, size)
-    rows = []
-    for op in operators:
-        macs = count_macs(models[op], size)['total']
-        rows.append(dict(size=size, patch_tokens=hw_shape[0] * hw_shape[1],
-                         tokens=models[op].num_extra_tokens + hw_shape[0] * hw_shape[1],
-                         operator=op, block_operators=models[op].attn_types,
-                         peak_mib=cuda_peak.get(op), macs=macs,
-                         fwd_samples_ms=samples[op, 'fwd_ms'],
-                         train_samples_ms=samples[op, 'train_ms'],
-                         background_cores=background_cores, retakes=retakes[op],
-                         **{key: statistics.median(samples[op, key])
-                            for key in ('fwd_ms', 'train_ms', 'fwd_cpu_ms', 'train_cpu_ms')}))
-    del models
-    gc.collect()
-    return rows
-
-
-def add_ratios(rows):
-    """Speed-ups and MAC bounds against the softmax row of the same size, in place."""
-    by_size = {}
-    for row in rows:
-        by_size.setdefault(row['size'], {})[row['operator']] = row
-    for group in by_size.values():
-        ref = group.get(REFERENCE)
-        for row in group.values():
-            if ref is None:
-                row.update(speedup_fwd=None, speedup_train=None, mac_bound=None,
-                           fwd_pct_of_bound=None, train_pct_of_bound=None,
-                           cpu_speedup_fwd=None, cpu_speedup_train=None)
-                continue
-            row['speedup_fwd'] = ref['fwd_ms'] / row['fwd_ms']
-            row['speedup_train'] = ref['train_ms'] / row['train_ms']
-            row['cpu_speedup_fwd'] = ref['fwd_cpu_ms'] / row['fwd_cpu_ms']
-            row['cpu_speedup_train'] = ref['train_cpu_ms'] / row['train_cpu_ms']
-            row['mac_bound'] = ref['macs'] / row['macs']
-            row['fwd_pct_of_bound'] = 100 * row['speedup_fwd'] / row['mac_bound']
-            row['train_pct_of_bound'] = 100 * row['speedup_train'] / row['mac_bound']
-    return rows
 
 
 def _fmt(value, spec):
@@ -436,98 +145,6 @@ def format_table(rows, size):
                      f'{_fmt(row["cpu_speedup_fwd"], "8.2f")}x '
                      f'{_fmt(row["cpu_speedup_train"], "8.2f")}x')
     return '\n'.join(lines)
-
-
-def is_hybrid(operator):
-    """Whether an ``--operators`` entry is a hybrid (``relu+softmax@0,11``)."""
-    return operator not in OPERATOR_VARIANTS and not isinstance(parse_attn_spec(operator), str)
-
-
-def bound_fractions(operators):
-    """``{operator: bound_fraction_target}`` of the measured operators that have one
-    (hybrids have their own target, ``HYBRID_EXCESS``)."""
-    from linvit_mm.models.attention import attention_class
-    fractions = {op: attention_class(OPERATOR_VARIANTS.get(op, (op,))[0]).bound_fraction_target
-                 for op in operators if not is_hybrid(op)}
-    return {op: fraction for op, fraction in fractions.items() if fraction is not None}
-
-
-def blockwise_prediction(row, by_key, kind):
-    """What the hybrid's blocks' operators predict for its ``kind`` time: each block charged
-    its operator's measured time per block, ``sum_op n_op / L * t(op)``; None when one of
-    them was not measured at that size."""
-    blocks = row['block_operators']
-    predicted = 0.
-    for op in set(blocks):
-        single = by_key.get((row['patch_tokens'], op))
-        if single is None:
-            return None
-        predicted += blocks.count(op) / len(blocks) * single[f'{kind}_ms']
-    return predicted
-
-
-def hybrid_targets(rows, by_key):
-    results = []
-    hybrids = [op for op in dict.fromkeys(row['operator'] for row in rows) if is_hybrid(op)]
-    for tokens in BOUND_TARGET_TOKENS:
-        for op in hybrids:
-            row = by_key.get((tokens, op))
-            for kind in ('fwd', 'train'):
-                name = (f'{op} {kind} time <= {HYBRID_EXCESS:.1f}x what its MAC bound predicts '
-                        f'@ {tokens} tokens')
-                if row is None or row['mac_bound'] is None:
-                    results.append((name, 'SKIP', 'size or softmax not measured'))
-                    continue
-                excess = row['mac_bound'] / row[f'speedup_{kind}']
-                detail = (f'{excess:.2f}x softmax time / MAC bound ({row[f"speedup_{kind}"]:.2f}x '
-                          f'of {row["mac_bound"]:.2f}x)')
-                predicted = blockwise_prediction(row, by_key, kind)
-                if predicted is not None:
-                    detail += (f"; {row[f'{kind}_ms'] / predicted:.2f}x what its blocks' "
-                               f'operators predict')
-                results.append((name, 'PASS' if excess <= HYBRID_EXCESS else 'FAIL', detail))
-    return results
-
-
-def evaluate_targets(rows):
-    """The targets as ``(name, 'PASS' | 'FAIL' | 'SKIP', detail)`` triples."""
-    by_key = {(row['patch_tokens'], row['operator']): row for row in rows}
-    targets = bound_fractions(dict.fromkeys(row['operator'] for row in rows))
-    results = []
-    for tokens in BOUND_TARGET_TOKENS:
-        for op, fraction in targets.items():
-            row = by_key.get((tokens, op))
-            for kind in ('fwd', 'train'):
-                name = f'{op} {kind} speed-up >= {fraction:.0%} of MAC bound @ {tokens} tokens'
-                if row is None or row['mac_bound'] is None:
-                    results.append((name, 'SKIP', 'size or softmax not measured'))
-                    continue
-                pct = row[f'{kind}_pct_of_bound']
-                results.append((name, 'PASS' if pct >= 100 * fraction else 'FAIL',
-                                f'{row[f"speedup_{kind}"]:.2f}x of {row["mac_bound"]:.2f}x '
-                                f'= {pct:.0f}%'))
-    for op in targets:
-        row, ref = by_key.get((SMALL_TOKENS, op)), by_key.get((SMALL_TOKENS, REFERENCE))
-        for kind in ('fwd', 'train'):
-            name = f'{op} {kind} @ {SMALL_TOKENS} tokens <= {SMALL_SLOWDOWN}x softmax'
-            if row is None or ref is None:
-                results.append((name, 'SKIP', 'size or softmax not measured'))
-                continue
-            ratio = row[f'{kind}_ms'] / ref[f'{kind}_ms']
-            results.append((name, 'PASS' if ratio <= SMALL_SLOWDOWN else 'FAIL',
-                            f'{ratio:.2f}x softmax'))
-    results += hybrid_targets(rows, by_key)
-    small, large = MEMORY_PAIR
-    for op in targets:
-        name = f'{op} train peak memory @ {large} <= {MEMORY_GROWTH}x @ {small} tokens'
-        lo, hi = by_key.get((small, op)), by_key.get((large, op))
-        if lo is None or hi is None or lo['peak_mib'] is None or hi['peak_mib'] is None:
-            results.append((name, 'SKIP', 'size or memory not measured'))
-            continue
-        growth = hi['peak_mib'] / lo['peak_mib']
-        results.append((name, 'PASS' if growth <= MEMORY_GROWTH else 'FAIL',
-                        f'{hi["peak_mib"]:.0f} / {lo["peak_mib"]:.0f} MiB = {growth:.2f}x'))
-    return results
 
 
 def format_targets(results):

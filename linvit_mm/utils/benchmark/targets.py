@@ -1,0 +1,152 @@
+"""The acceptance thresholds of the benchmark tools and the verdicts against them.
+
+The numbers are the benchmarks' (docs/benchmarks.md states them), not properties of the
+operators: an operator knows its cost (``core_macs``), the benchmark how close to that cost a
+measured speed-up has to come.
+"""
+from .backbone import OPERATOR_VARIANTS, REFERENCE
+
+# ---------------------------------------------------------------- backbone (CPU, fp32, batch 1, ViT-S)
+# Each operator's speed-up over softmax (forward and training step) at BOUND_TARGET_TOKENS
+# must reach this fraction of its MAC-count bound, MACs(softmax) / MACs(operator): the share
+# of the arithmetic saving that survives as wall time. An operator without an entry
+# (softmax, the reference) has no such target.
+BOUND_FRACTION_TARGETS = {
+    # the operators of LinearMapAttention (a kernel feature map, then linear attention)
+    'elu': .90,
+    'relu': .90,
+    'inline': .90,
+    # 2d features cost pointwise passes over N x 2d per head (the key shift and exponential,
+    # the query softmax, the log-softmax of the 'softmax' map) that the MAC count does not see
+    'hedgehog': .80,
+    'mhla': .75,
+    'ttt': .75,
+}
+BOUND_TARGET_TOKENS = (4096, 16384)
+# At the smallest size a linear operator may be at most this much slower than softmax.
+SMALL_TOKENS, SMALL_SLOWDOWN = 196, 1.1
+# The training step's peak memory from the first to the second token count may grow by at
+# most this factor (4x the tokens: linear growth, plus some slack).
+MEMORY_PAIR, MEMORY_GROWTH = (4096, 16384), 4.5
+# A hybrid takes at most this many times what its MAC bound predicts at BOUND_TARGET_TOKENS.
+HYBRID_EXCESS = 1.1
+
+# ---------------------------------------------------------------- training steps
+# Attention alignment against a plain step: median per-pair time ratio and peak memory ratio.
+ALIGN_TIME_RATIO = 1.3
+ALIGN_MEMORY_RATIO = 0.6
+# A step with AttentionDistillHook against one without: median per-pair time ratio.
+DISTILL_TIME_RATIO = 1.35
+
+
+def verdict(passed):
+    return 'PASS' if passed else 'FAIL'
+
+
+def is_hybrid(operator):
+    """Whether an ``--operators`` entry is a hybrid (``relu+softmax@0,11``)."""
+    from linvit_mm.models.backbones.hybrid import parse_attn_spec
+    return operator not in OPERATOR_VARIANTS and not isinstance(parse_attn_spec(operator), str)
+
+
+def bound_fractions(operators):
+    """``{operator: BOUND_FRACTION_TARGETS entry}`` of the measured operators that have one
+    (an operator form takes its operator's; hybrids have their own target,
+    ``HYBRID_EXCESS``)."""
+    fractions = {op: BOUND_FRACTION_TARGETS.get(OPERATOR_VARIANTS.get(op, (op, ))[0])
+                 for op in operators if not is_hybrid(op)}
+    return {op: fraction for op, fraction in fractions.items() if fraction is not None}
+
+
+def blockwise_prediction(row, by_key, kind):
+    """What the hybrid's blocks' operators predict for its ``kind`` time: each block charged
+    its operator's measured time per block, ``sum_op n_op / L * t(op)``; None when one of
+    them was not measured at that size."""
+    blocks = row['block_operators']
+    predicted = 0.
+    for op in set(blocks):
+        single = by_key.get((row['patch_tokens'], op))
+        if single is None:
+            return None
+        predicted += blocks.count(op) / len(blocks) * single[f'{kind}_ms']
+    return predicted
+
+
+def hybrid_targets(rows, by_key):
+    results = []
+    hybrids = [op for op in dict.fromkeys(row['operator'] for row in rows) if is_hybrid(op)]
+    for tokens in BOUND_TARGET_TOKENS:
+        for op in hybrids:
+            row = by_key.get((tokens, op))
+            for kind in ('fwd', 'train'):
+                name = (f'{op} {kind} time <= {HYBRID_EXCESS:.1f}x what its MAC bound predicts '
+                        f'@ {tokens} tokens')
+                if row is None or row['mac_bound'] is None:
+                    results.append((name, 'SKIP', 'size or softmax not measured'))
+                    continue
+                excess = row['mac_bound'] / row[f'speedup_{kind}']
+                detail = (f'{excess:.2f}x softmax time / MAC bound ({row[f"speedup_{kind}"]:.2f}x '
+                          f'of {row["mac_bound"]:.2f}x)')
+                predicted = blockwise_prediction(row, by_key, kind)
+                if predicted is not None:
+                    detail += (f"; {row[f'{kind}_ms'] / predicted:.2f}x what its blocks' "
+                               f'operators predict')
+                results.append((name, verdict(excess <= HYBRID_EXCESS), detail))
+    return results
+
+
+def evaluate_targets(rows):
+    """The backbone targets as ``(name, 'PASS' | 'FAIL' | 'SKIP', detail)`` triples."""
+    by_key = {(row['patch_tokens'], row['operator']): row for row in rows}
+    targets = bound_fractions(dict.fromkeys(row['operator'] for row in rows))
+    results = []
+    for tokens in BOUND_TARGET_TOKENS:
+        for op, fraction in targets.items():
+            row = by_key.get((tokens, op))
+            for kind in ('fwd', 'train'):
+                name = f'{op} {kind} speed-up >= {fraction:.0%} of MAC bound @ {tokens} tokens'
+                if row is None or row['mac_bound'] is None:
+                    results.append((name, 'SKIP', 'size or softmax not measured'))
+                    continue
+                pct = row[f'{kind}_pct_of_bound']
+                results.append((name, verdict(pct >= 100 * fraction),
+                                f'{row[f"speedup_{kind}"]:.2f}x of {row["mac_bound"]:.2f}x '
+                                f'= {pct:.0f}%'))
+    for op in targets:
+        row, ref = by_key.get((SMALL_TOKENS, op)), by_key.get((SMALL_TOKENS, REFERENCE))
+        for kind in ('fwd', 'train'):
+            name = f'{op} {kind} @ {SMALL_TOKENS} tokens <= {SMALL_SLOWDOWN}x softmax'
+            if row is None or ref is None:
+                results.append((name, 'SKIP', 'size or softmax not measured'))
+                continue
+            ratio = row[f'{kind}_ms'] / ref[f'{kind}_ms']
+            results.append((name, verdict(ratio <= SMALL_SLOWDOWN), f'{ratio:.2f}x softmax'))
+    results += hybrid_targets(rows, by_key)
+    small, large = MEMORY_PAIR
+    for op in targets:
+        name = f'{op} train peak memory @ {large} <= {MEMORY_GROWTH}x @ {small} tokens'
+        lo, hi = by_key.get((small, op)), by_key.get((large, op))
+        if lo is None or hi is None or lo['peak_mib'] is None or hi['peak_mib'] is None:
+            results.append((name, 'SKIP', 'size or memory not measured'))
+            continue
+        growth = hi['peak_mib'] / lo['peak_mib']
+        results.append((name, verdict(growth <= MEMORY_GROWTH),
+                        f'{hi["peak_mib"]:.0f} / {lo["peak_mib"]:.0f} MiB = {growth:.2f}x'))
+    return results
+
+
+def adapter_target(rows, reference=REFERENCE):
+    """The adapter target: every linear operator's forward is faster than softmax's.
+    ``(passed, lines)``; ``passed`` is None where softmax was not measured."""
+    by_op = {row['operator']: row for row in rows}
+    if reference not in by_op:
+        return None, ['softmax not measured: no comparison']
+    lines, passed = [], True
+    for op, row in by_op.items():
+        if op == reference:
+            continue
+        ok = row['total_ms'] < by_op[reference]['total_ms']
+        passed &= ok
+        lines.append(f'{op}: {row["total_ms"]:.0f} ms vs softmax '
+                     f'{by_op[reference]["total_ms"]:.0f} ms -> {verdict(ok)}')
+    return passed, lines

@@ -1,0 +1,101 @@
+"""linvit_mm.utils.benchmark.targets: the thresholds and the verdicts of each benchmark."""
+import pytest
+
+from linvit_mm.models.attention import attention_types
+from linvit_mm.utils.benchmark import targets
+
+
+def _row(tokens, op, fwd, train, peak, bound):
+    return dict(patch_tokens=tokens, operator=op, fwd_ms=fwd, train_ms=train, peak_mib=peak,
+                mac_bound=bound, speedup_fwd=None, speedup_train=None)
+
+
+def test_target_verdicts():
+    small_fwd = dict(softmax=10., elu=10.5, relu=12., inline=9., mhla=11., ttt=10.9)
+    rows = [_row(196, op, fwd, 30., 10., None) for op, fwd in small_fwd.items()]
+    for tokens in targets.BOUND_TARGET_TOKENS:
+        for op, fraction in targets.bound_fractions(small_fwd).items():
+            bound = 3.
+            speedup = bound * (fraction + .01 if op != 'ttt' else .5)
+            row = _row(tokens, op, 100. / speedup, 100. / speedup,
+                       100. if tokens == 4096 else 450., bound)
+            row.update(speedup_fwd=speedup, speedup_train=speedup,
+                       fwd_pct_of_bound=100 * speedup / bound,
+                       train_pct_of_bound=100 * speedup / bound)
+            rows.append(row)
+    rows[-1]['peak_mib'] = 451.  # ttt at 16384 tokens: 4.51x its 4096-token peak
+    verdicts = {name: verdict for name, verdict, _ in targets.evaluate_targets(rows)}
+    assert 'SKIP' not in verdicts.values()
+    assert sorted(name for name, verdict in verdicts.items() if verdict == 'FAIL') == sorted([
+        'relu fwd @ 196 tokens <= 1.1x softmax',
+        'ttt fwd speed-up >= 75% of MAC bound @ 4096 tokens',
+        'ttt train speed-up >= 75% of MAC bound @ 4096 tokens',
+        'ttt fwd speed-up >= 75% of MAC bound @ 16384 tokens',
+        'ttt train speed-up >= 75% of MAC bound @ 16384 tokens',
+        'ttt train peak memory @ 16384 <= 4.5x @ 4096 tokens'])
+
+
+def _hybrid_rows(mixing):
+    """softmax, relu and relu+softmax@0,11 rows at both target sizes: relu at its MAC bound
+    (3x), the hybrid ``mixing`` times what its blocks' operators predict. Its MAC bound is
+    that of 2 blocks at 1x and 10 at 3x: 12 / (2 + 10 / 3) = 2.25."""
+    rows = []
+    blocks = ['softmax'] + ['relu'] * 10 + ['softmax']
+    for tokens in targets.BOUND_TARGET_TOKENS:
+        softmax = _row(tokens, 'softmax', 100., 100., None, 1.)
+        relu = _row(tokens, 'relu', 100. / 3, 100. / 3, None, 3.)
+        relu.update(speedup_fwd=3., speedup_train=3., fwd_pct_of_bound=100.,
+                    train_pct_of_bound=100.)
+        predicted = 2 / 12 * 100. + 10 / 12 * 100. / 3
+        hybrid = _row(tokens, 'relu+softmax@0,11', mixing * predicted, mixing * predicted,
+                      None, 2.25)
+        hybrid.update(speedup_fwd=100. / hybrid['fwd_ms'], speedup_train=100. / hybrid['fwd_ms'],
+                      block_operators=blocks)
+        rows += [softmax, relu, hybrid]
+    return rows
+
+
+def hybrid_verdicts(rows):
+    return [result for result in targets.evaluate_targets(rows)
+            if result[0].startswith('relu+softmax@0,11')]
+
+
+def test_hybrid_target_is_its_mac_bound_plus_ten_percent():
+    within = hybrid_verdicts(_hybrid_rows(mixing=1.05))
+    assert [name for name, _, _ in within] == [
+        f'relu+softmax@0,11 {kind} time <= 1.1x what its MAC bound predicts @ {tokens} tokens'
+        for tokens in targets.BOUND_TARGET_TOKENS for kind in ('fwd', 'train')]
+    assert {verdict for _, verdict, _ in within} == {'PASS'}
+    assert within[0][2] == ("1.05x softmax time / MAC bound (2.14x of 2.25x); 1.05x what its "
+                            "blocks' operators predict")
+    beyond = hybrid_verdicts(_hybrid_rows(mixing=1.15))
+    assert {verdict for _, verdict, _ in beyond} == {'FAIL'}
+    assert 'relu+softmax@0,11' not in targets.bound_fractions(['relu', 'relu+softmax@0,11'])
+
+
+def test_every_linear_operator_has_its_bound_fraction():
+    assert set(targets.BOUND_FRACTION_TARGETS) == set(attention_types()) - {'softmax'}
+    assert targets.BOUND_FRACTION_TARGETS == dict(elu=.90, relu=.90, inline=.90, hedgehog=.80,
+                                                  mhla=.75, ttt=.75)
+
+
+def test_an_operator_form_takes_its_operators_fraction_and_softmax_has_none():
+    assert targets.bound_fractions(['softmax', 'relu', 'mhla-official', 'mhla-offnorm']) == {
+        'relu': .90, 'mhla-official': .75, 'mhla-offnorm': .75}
+
+
+def test_adapter_target_needs_every_linear_operator_faster():
+    rows = [dict(operator='softmax', total_ms=100.), dict(operator='relu', total_ms=60.),
+            dict(operator='ttt', total_ms=120.)]
+    passed, lines = targets.adapter_target(rows)
+    assert not passed and lines == ['relu: 60 ms vs softmax 100 ms -> PASS',
+                                    'ttt: 120 ms vs softmax 100 ms -> FAIL']
+    assert targets.adapter_target(rows[:2])[0]
+    assert targets.adapter_target([dict(operator='relu', total_ms=100.),
+                                   dict(operator='softmax', total_ms=100.)])[0] is False
+    assert targets.adapter_target(rows[1:])[0] is None
+
+
+def test_training_step_thresholds():
+    assert (targets.ALIGN_TIME_RATIO, targets.ALIGN_MEMORY_RATIO) == (1.3, 0.6)
+    assert targets.DISTILL_TIME_RATIO == 1.35
