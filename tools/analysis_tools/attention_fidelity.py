@@ -17,8 +17,9 @@ converged on; block outputs show how the differences accumulate along the depth.
 Definitions, over all compared tokens ``n`` of all images: ``cos`` is the mean over
 tokens of the cosine similarity of the student's and the teacher's ``C``-vectors, and
 ``relMSE = sum ||s_n - t_n||^2 / sum ||t_n||^2``. A student identical to its teacher
-gives 1 and 0. Tokens are aligned as the hook aligns them: patch tokens only when the
-student has no class token (mhla, ttt) or the hook is set to ``patch_tokens_only``.
+gives 1 and 0. Tokens are aligned as the hook aligns them: patch tokens only when student
+and teacher do not lead their sequences with the same extra tokens (a student without class
+token, mhla or ttt; a teacher with registers) or the hook is set to ``patch_tokens_only``.
 
 **Student**: the config's ``model``, weights from ``CHECKPOINT`` (an mmengine run
 checkpoint or a state dict of the whole model; loaded strictly). The compared module is
@@ -48,273 +49,12 @@ import os
 import os.path as osp
 import sys
 
-import torch
-import torch.nn.functional as F
+from linvit_mm.analysis import (backbone_of, build_teacher, compare_blocks, find_distill_hook,
+                                load_config, load_student, packed_samples,
+                                preprocessed_batches, uses_patch_tokens_only)
 
-IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff', '.ppm', '.pgm')
 CSV_COLUMNS = ('block', 'operator', 'cos_attn', 'relmse_attn', 'cos_block', 'relmse_block',
                'tokens')
-DISTILL_HOOK = 'AttentionDistillHook'
-
-
-# ------------------------------------------------------------------ configs and models
-def load_config(path, options=None):
-    from mmengine.config import Config
-    from mmengine.utils import import_modules_from_strings
-    cfg = Config.fromfile(path)
-    if options:
-        cfg.merge_from_dict(options)
-    if cfg.get('custom_imports'):
-        import_modules_from_strings(**cfg['custom_imports'])
-    return cfg
-
-
-def find_distill_hook(cfg):
-    """The config's AttentionDistillHook entry (a dict), or None."""
-    for hook in cfg.get('custom_hooks') or []:
-        hook_type = hook.get('type')
-        name = hook_type if isinstance(hook_type, str) else getattr(hook_type, '__name__', '')
-        if name.split('.')[-1] == DISTILL_HOOK:
-            return hook
-    return None
-
-
-def build_model(model_cfg):
-    from mmengine.registry import DefaultScope
-    from mmpretrain.registry import MODELS
-    with DefaultScope.overwrite_default_scope('mmpretrain'):
-        return MODELS.build(model_cfg)
-
-
-def load_student(cfg, checkpoint, device):
-    from mmengine.runner import load_checkpoint
-    model_cfg = cfg.model.copy()
-    if cfg.get('data_preprocessor') is not None:
-        # what the Runner does: the top-level preprocessor (mean, std) joins the model
-        model_cfg.setdefault('data_preprocessor', cfg.data_preprocessor)
-    model = build_model(model_cfg)
-    # strict: comparing a partly random student with its teacher would mislead silently
-    try:
-        load_checkpoint(model, checkpoint, map_location='cpu', strict=True, logger='current')
-    except RuntimeError as err:
-        raise ValueError(f'{checkpoint} does not fit the model of the config: {err}') from None
-    return model.to(device).eval()
-
-
-def backbone_of(model, path='backbone'):
-    """The LinearViT inside a model (``path``) or the model itself."""
-    if hasattr(model, 'layers'):
-        return model
-    try:
-        module = model.get_submodule(path)
-    except AttributeError:
-        raise ValueError(f'{type(model).__name__} has no module {path!r} with ViT blocks '
-                         f'(.layers)') from None
-    if not hasattr(module, 'layers'):
-        raise ValueError(f'{path!r} ({type(module).__name__}) has no ViT blocks (.layers); '
-                         f'the tool compares LinearViT backbones')
-    return module
-
-
-def backbone_state_from(raw, backbone, source):
-    """Tensors for ``backbone`` from a loaded checkpoint of one of the accepted layouts."""
-    expected = backbone.state_dict()
-    state = raw.get('state_dict', raw) if isinstance(raw, dict) else raw
-    if set(expected) <= set(state):
-        picked = state
-    elif any(key.startswith('backbone.') for key in state):
-        picked = {k[len('backbone.'):]: v for k, v in state.items() if k.startswith('backbone.')}
-    else:
-        from linvit_mm.transfer.checkpoint import load_softmax_checkpoint
-        mapped = load_softmax_checkpoint(raw).state_dict
-        picked = {k[len('backbone.'):]: v for k, v in mapped.items() if k.startswith('backbone.')}
-    picked = {k: v for k, v in picked.items() if k in expected}
-    missing = sorted(set(expected) - set(picked))
-    if missing:
-        raise ValueError(f'{source}: no weights for the teacher\'s {", ".join(missing[:8])}'
-                         f'{" ..." if len(missing) > 8 else ""} ({len(missing)} of '
-                         f'{len(expected)} tensors missing)')
-    return picked
-
-
-def load_teacher_weights(backbone, checkpoint):
-    from linvit_mm.utils import load_checkpoint_file
-    raw = load_checkpoint_file(checkpoint, map_location='cpu')
-    state = backbone_state_from(raw, backbone, checkpoint)
-    try:
-        backbone.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise ValueError(f'{checkpoint}: the weights do not fit the teacher: {err}') from None
-
-
-def build_teacher(student_cfg, teacher_config=None, teacher_checkpoint=None, device='cpu'):
-    """The teacher backbone, and where it came from (for the report)."""
-    if teacher_config is not None:
-        teacher_cfg = load_config(teacher_config).model
-        source = f'model of {teacher_config}'
-    else:
-        hook = find_distill_hook(student_cfg)
-        if hook is None:
-            raise ValueError('the config has no AttentionDistillHook in custom_hooks to take '
-                             'the teacher from; give --teacher-config (and '
-                             '--teacher-checkpoint)')
-        teacher_cfg = hook['teacher']
-        source = f'{DISTILL_HOOK} teacher of the config'
-    teacher = build_model(teacher_cfg)
-    if teacher_checkpoint is not None:
-        load_teacher_weights(backbone_of(teacher), teacher_checkpoint)
-        source += f', weights from {teacher_checkpoint}'
-    else:
-        teacher.init_weights()  # its init_cfg loads the checkpoint, as in the hook
-        init_cfg = teacher_cfg.get('init_cfg') or teacher_cfg.get('backbone', {}).get('init_cfg')
-        source += f', initialised by {dict(init_cfg) if init_cfg else "its default init"}'
-    teacher = teacher.to(device).eval()
-    return backbone_of(teacher), source
-
-
-# ------------------------------------------------------------------ images
-def image_files(paths):
-    files = []
-    for path in paths:
-        if osp.isdir(path):
-            found = sorted(
-                osp.join(root, name) for root, _, names in os.walk(path) for name in names
-                if name.lower().endswith(IMAGE_SUFFIXES))
-            if not found:
-                raise ValueError(f'no images ({", ".join(IMAGE_SUFFIXES)}) under {path}')
-            files += found
-        elif osp.isfile(path):
-            files.append(path)
-        else:
-            raise FileNotFoundError(f'--images: {path} is neither a file nor a folder')
-    return files
-
-
-def _dataset_cfg(cfg, loaders):
-    for loader in loaders:
-        if cfg.get(loader) and cfg[loader].get('dataset'):
-            return cfg[loader].dataset
-    raise ValueError(f'the config has none of {loaders} with a dataset')
-
-
-def packed_samples(cfg, images=None, num_images=8):
-    """The config's test pipeline applied to files, or the first validation samples."""
-    from mmengine.dataset import Compose
-    from mmengine.registry import DefaultScope
-    from mmpretrain.registry import DATASETS, TRANSFORMS
-    with DefaultScope.overwrite_default_scope('mmpretrain'):
-        if images:
-            pipeline_cfg = _dataset_cfg(cfg, ('test_dataloader', 'val_dataloader')).pipeline
-            pipeline = Compose([TRANSFORMS.build(t) for t in pipeline_cfg])
-            return [pipeline(dict(img_path=path)) for path in image_files(images)]
-        dataset = DATASETS.build(_dataset_cfg(cfg, ('val_dataloader', 'test_dataloader')))
-        count = min(num_images, len(dataset))
-        if count == 0:
-            raise ValueError('the validation set of the config is empty')
-        return [dataset[i] for i in range(count)]
-
-
-# ------------------------------------------------------------------ recording
-class BlockRecorder:
-    """Attention and block outputs of one backbone's forward, by block index."""
-
-    def __init__(self, backbone):
-        from linvit_mm.models.attention import BaseAttention
-        self.attn = {}
-        self.block = {}
-        self.handles = []
-        self.operators = []
-        for index, layer in enumerate(backbone.layers):
-            attn = [m for m in layer.modules() if isinstance(m, BaseAttention)]
-            if len(attn) != 1:
-                raise ValueError(f'block {index} holds {len(attn)} attention operators '
-                                 f'(linvit_mm BaseAttention); expected one')
-            self.operators.append(attn[0].attn_type)
-            self.handles.append(attn[0].register_forward_hook(self._keeper(self.attn, index)))
-            self.handles.append(layer.register_forward_hook(self._keeper(self.block, index)))
-
-    @staticmethod
-    def _keeper(store, index):
-        def keep(module, args, output):
-            store[index] = (output[0] if isinstance(output, tuple) else output).detach()
-        return keep
-
-    def clear(self):
-        self.attn.clear()
-        self.block.clear()
-
-    def remove(self):
-        for handle in self.handles:
-            handle.remove()
-
-
-class Agreement:
-    """Running sums for the cosine similarity and relative MSE of one block output."""
-
-    def __init__(self):
-        self.cos_sum = 0.
-        self.tokens = 0
-        self.squared_error = 0.
-        self.squared_norm = 0.
-
-    def add(self, student, teacher):
-        if student.shape != teacher.shape:
-            raise ValueError(f'student {tuple(student.shape)} and teacher '
-                             f'{tuple(teacher.shape)} outputs differ after token alignment')
-        student, teacher = student.double(), teacher.double()
-        self.cos_sum += float(F.cosine_similarity(student, teacher, dim=-1).sum())
-        self.tokens += student.numel() // student.shape[-1]
-        self.squared_error += float((student - teacher).pow(2).sum())
-        self.squared_norm += float(teacher.pow(2).sum())
-
-    @property
-    def cosine(self):
-        return self.cos_sum / self.tokens
-
-    @property
-    def rel_mse(self):
-        return self.squared_error / max(self.squared_norm, torch.finfo(torch.float64).tiny)
-
-
-@torch.no_grad()
-def compare(student, teacher, batches, patch_tokens_only):
-    """Per-block agreement of ``student`` and ``teacher`` backbones on preprocessed batches."""
-    from linvit_mm.engine.hooks.attention_distill_hook import align_tokens
-    if len(student.layers) != len(teacher.layers):
-        raise ValueError(f'the student has {len(student.layers)} blocks, the teacher '
-                         f'{len(teacher.layers)}; they must match block for block')
-    num_blocks = len(student.layers)
-    stats = {kind: [Agreement() for _ in range(num_blocks)] for kind in ('attn', 'block')}
-    student_rec, teacher_rec = BlockRecorder(student), BlockRecorder(teacher)
-    try:
-        for inputs in batches:
-            student_rec.clear()
-            teacher_rec.clear()
-            student(inputs)
-            teacher(inputs)
-            for kind in ('attn', 'block'):
-                student_out, teacher_out = getattr(student_rec, kind), getattr(teacher_rec, kind)
-                for index in range(num_blocks):
-                    num_patches = student_out[index].shape[-2] - student.num_extra_tokens
-                    stats[kind][index].add(*align_tokens(student_out[index], teacher_out[index],
-                                                         num_patches, patch_tokens_only,
-                                                         is_map=False))
-    finally:
-        student_rec.remove()
-        teacher_rec.remove()
-    return [dict(block=index, operator=student_rec.operators[index],
-                 cos_attn=stats['attn'][index].cosine,
-                 relmse_attn=stats['attn'][index].rel_mse,
-                 cos_block=stats['block'][index].cosine,
-                 relmse_block=stats['block'][index].rel_mse,
-                 tokens=stats['attn'][index].tokens) for index in range(num_blocks)]
-
-
-def preprocessed_batches(model, samples, batch_size, device):
-    from mmengine.dataset import pseudo_collate
-    for start in range(0, len(samples), batch_size):
-        batch = pseudo_collate(samples[start:start + batch_size])
-        yield model.data_preprocessor(batch, training=False)['inputs'].to(device)
 
 
 # ------------------------------------------------------------------ output
@@ -408,16 +148,14 @@ def main(argv=None):
     student = backbone_of(model, student_path)
     teacher, teacher_source = build_teacher(cfg, args.teacher_config, args.teacher_checkpoint,
                                             device=args.device)
-    # the hook's rule: patch tokens only if asked, or when the student has no class token
-    patch_only = bool(hook.get('patch_tokens_only')) or not getattr(student, 'with_cls_token',
-                                                                    True)
+    patch_only = uses_patch_tokens_only(student, teacher, hook)
     samples = packed_samples(cfg, args.images, args.num_images)
     num_batches = -(-len(samples) // args.batch_size)
     print(f'comparing {len(samples)} images, {num_batches} batches of up to {args.batch_size}')
     batches = track_iter_progress(
         (preprocessed_batches(model, samples, args.batch_size, args.device), num_batches),
         file=sys.stdout)
-    rows = compare(student, teacher, batches, patch_only)
+    rows = compare_blocks(student, teacher, batches, patch_only)
 
     os.makedirs(args.out_dir, exist_ok=True)
     csv_path = osp.join(args.out_dir, 'fidelity.csv')
