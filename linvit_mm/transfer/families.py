@@ -12,9 +12,18 @@ one its release layout names (``dinov2``, ``dinov3``, ``eva02``, ``clip``), else
 - its head count at each of its released widths (all of them 64-channel heads, except
   DINOv3's 7B), so copying attention into a model with another count is refused even when
   the file records no ``num_heads``.
+
+All of it is read from the families of LinearViT's arch table
+(:data:`linvit_mm.models.backbones.arch_zoo.FAMILIES`): the RoPE is its switches' ``rope``,
+the requirements are what its switches (registers, LayerScale, MLP, position embedding,
+pre-norm) imply for the fields it is ``recognised_by``, so an arch word and the family of its
+checkpoints cannot disagree.
 """
 from collections import OrderedDict
 from typing import Callable, Dict, List, NamedTuple, Optional
+
+from ..models.backbones.arch_zoo import ARCH_SWITCH_DEFAULTS
+from ..models.backbones.arch_zoo import FAMILIES as ARCH_FAMILIES
 
 __all__ = ['Architecture', 'Family', 'FAMILIES', 'read_architecture', 'resolve_family',
            'family_heads', 'known_families_text']
@@ -80,28 +89,33 @@ def _needs(**wanted):
     return contradictions
 
 
+def _implied(switches):
+    """What a checkpoint of a model with these switches shows, per ``Architecture`` field:
+    the value, or a test of it."""
+    switches = dict(ARCH_SWITCH_DEFAULTS, **switches)
+    with_registers = switches['num_register_tokens'] > 0
+    implied = dict(
+        layer_scale=switches['layer_scale_init_value'] > 0,
+        # a family's register count is not a requirement: whether it has registers is
+        num_register_tokens=(lambda n: n > 0) if with_registers else 0,
+        pos_embed=switches['pos_embed_type'] == 'learned',
+        ffn_type=switches['ffn_type'],
+        pre_norm=switches['pre_norm'])
+    if switches['no_embed_class']:
+        implied['pos_embed_extra_tokens'] = 0  # the embedding covers the patches only
+    return implied
+
+
+def _family(name, entry):
+    implied = _implied(entry['switches'])
+    rope = entry['switches'].get('rope')
+    return Family(name, entry['description'], rope['type'] if rope else None,
+                  dict(entry['heads']),
+                  _needs(**{field: implied[field] for field in entry['recognised_by']}))
+
+
 # In the order a checkpoint's family is inferred: the first whose requirements hold.
-FAMILIES = OrderedDict((family.name, family) for family in (
-    Family('dinov3', 'DINOv3 (LayerScale, registers, 2-D RoPE, no absolute position embedding)',
-           'dinov3', {384: 6, 768: 12, 1024: 16, 1280: 20, 4096: 32},
-           _needs(layer_scale=True, num_register_tokens=lambda n: n > 0, pos_embed=False)),
-    Family('deit3', 'DeiT III (LayerScale, a position embedding without class-token slot)',
-           None, {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16},
-           _needs(layer_scale=True, num_register_tokens=0, pos_embed=True,
-                  pos_embed_extra_tokens=0)),
-    Family('dinov2', 'DINOv2 with or without registers (LayerScale, patch 14)',
-           None, {384: 6, 768: 12, 1024: 16, 1536: 24},
-           _needs(layer_scale=True, pos_embed=True)),
-    Family('eva02', 'EVA-02 (SwiGLU MLP, 2-D RoPE, query/value biases)',
-           'eva', {192: 3, 384: 6, 768: 12, 1024: 16},
-           _needs(ffn_type='swiglu', layer_scale=False)),
-    Family('clip', 'CLIP / OpenCLIP image tower (a norm before the blocks)',
-           None, {768: 12, 1024: 16, 1280: 16},
-           _needs(pre_norm=True, layer_scale=False, ffn_type='mlp')),
-    Family('vit', 'plain ViT: DeiT, DINO, MoCo v3, iBOT, MAE, timm vit_* (none of the above)',
-           None, {},
-           _needs(layer_scale=False, num_register_tokens=0, ffn_type='mlp', pre_norm=False)),
-))
+FAMILIES = OrderedDict((name, _family(name, entry)) for name, entry in ARCH_FAMILIES.items())
 
 
 def known_families_text():
