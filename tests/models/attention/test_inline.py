@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from linvit_mm.models.attention import InLineAttention
-from linvit_mm.models.attention.inline import naive_inline_attention
+from linvit_mm.models.attention.inline import naive_inline_attention, naive_inline_residual
 from linvit_mm.testing import assert_rel_close, rel_error
 
 ROPES = {'eva': dict(type='eva', ref_grid=(4, 4)), 'dinov3': dict(type='dinov3')}
@@ -139,6 +139,11 @@ def test_state_is_float32_under_fp16_autocast(make_attention, tokens, autocast_o
     out, exact = autocast_output(module, x, hw, torch.float16)
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
     assert rel_error(out, exact) < 1e-2
+
+
+def test_naive_form_ignores_autocast(assert_oracle_ignores_autocast):
+    qkv = torch.randn(2, 13, 3 * 24, generator=torch.Generator().manual_seed(0))
+    assert_oracle_ignores_autocast(naive_inline_attention, qkv, 3, tol=1e-6)
 
 
 # ------------------------------------------------------------------ the local residual branch
@@ -279,3 +284,33 @@ def test_softmax_transfer_keeps_the_residual_at_its_init():
         assert report['kept own init'][name] == 'operator-specific'
         assert torch.equal(student.state_dict()[name], value)
     assert torch.equal(student.layers[1].attn.qkv.weight, teacher.layers[1].attn.qkv.weight)
+
+
+def test_residual_oracle_ignores_autocast(make_attention, tokens, assert_oracle_ignores_autocast):
+    module = with_residual(make_attention, embed_dims=24, num_heads=3)
+    hw = (3, 4)
+    x = tokens(hw, 1, dims=24)
+    qkv = module.qkv(x).detach()
+    residual = module.residual.float()
+
+    def oracle(qkv, num_heads):
+        return naive_inline_residual(x.to(qkv.dtype), qkv, residual.to(qkv.dtype), num_heads, hw)
+
+    assert_oracle_ignores_autocast(oracle, qkv, 3, tol=1e-6)
+
+
+def test_residual_convolution_is_float32_under_bf16_autocast(make_attention, tokens):
+    """Under bf16 autocast the branch's two 1x1 convolutions run in bf16 (they make the
+    kernels), but the per-image 3x3 convolution runs outside autocast on float32 patches, so
+    the branch comes back in float32, as the linear part's state does."""
+    module = with_residual(make_attention, dtype=torch.float32, embed_dims=32, num_heads=4)
+    hw = (6, 5)
+    x = tokens(hw, 1, dims=32, dtype=torch.float32)
+    with torch.no_grad():
+        v = module.split_heads(module.qkv(x))[2]
+        exact = module.double().local_residual(x.double(), v.double(), hw)
+        module.float()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            got = module.local_residual(x, v, hw)
+    assert got.dtype == torch.float32
+    assert rel_error(got, exact) < 1e-2
