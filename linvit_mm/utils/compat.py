@@ -33,13 +33,29 @@ def register_config_scope():
        setuptools >= 80 keeps the distribution in site-packages and the code in the source
        tree, so that path does not exist. mmengine is answered with the directory of the
        package this process actually runs, which is right for every kind of install.
+
+    Then mmengine gives every dict with a ``type`` from a ``package::`` base the scope
+    ``_scope_=package``, and builds it with that package's registries. linvit_mm's configs
+    are mmpretrain, mmdet and mmseg configs (their ``default_scope`` says which) and our
+    classes register into those libraries' registries, so there is no registry tree of a
+    ``linvit_mm`` scope that could hold a dataset, hook or loop of all three: built under
+    ``_scope_='linvit_mm'`` each printed "linvit_mm is not installed" (false) and "Failed to
+    search registry with scope linvit_mm" and fell back to mmengine's root registry, which
+    lacks the libraries' datasets and transforms. The dicts of a ``linvit_mm::`` base take
+    the ``default_scope`` of that base instead (none when it has none: the including
+    config's own then applies), as a copy of the base file would build. Every other
+    package's scope is left as mmengine sets it, so a genuinely missing one still warns.
     """
+    from mmengine.config import Config
     from mmengine.config import utils as config_utils
     config_utils.MODULE2PACKAGE.setdefault(PACKAGE, PACKAGE)
     for name in _INSTALL_PATH_USERS:
         module = importlib.import_module(name)
         if not getattr(module.get_installed_path, 'answers_for_linvit_mm', False):
             module.get_installed_path = _answering_for_linvit_mm(module.get_installed_path)
+    convert = Config._dict_to_config_dict
+    if not getattr(convert, 'scopes_linvit_mm_bases', False):
+        Config._dict_to_config_dict = staticmethod(_scoping_linvit_mm_bases(convert))
 
 
 def _answering_for_linvit_mm(get_installed_path):
@@ -51,4 +67,21 @@ def _answering_for_linvit_mm(get_installed_path):
         return get_installed_path(package)
 
     wrapper.answers_for_linvit_mm = True
+    return wrapper
+
+
+def _scoping_linvit_mm_bases(dict_to_config_dict):
+    """mmengine's ``Config._dict_to_config_dict``, which gives the dicts of a base config their
+    ``_scope_``, with the scope of a ``linvit_mm::`` base replaced by its ``default_scope``."""
+
+    @functools.wraps(dict_to_config_dict)
+    def wrapper(cfg, scope=None, has_scope=True):
+        # mmengine calls it with the whole merged base dict first, then recurses into its
+        # values with the scope it was given: replacing it at the top reaches every value
+        if scope == PACKAGE and isinstance(cfg, dict):
+            own = cfg.get('default_scope')
+            scope = own if isinstance(own, str) else None
+        return dict_to_config_dict(cfg, scope, has_scope)
+
+    wrapper.scopes_linvit_mm_bases = True
     return wrapper
