@@ -31,7 +31,6 @@ class LinearMapAttention(BaseAttention):
     """
 
     has_map = True
-    bound_fraction_target = .90
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0.):
