@@ -185,10 +185,6 @@ class HedgehogAttention(LinearMapAttention):
     qk_form_absent_because = None
     # qkv and proj are a Softmax block's layers; feature_proj(_k) keep their own init.
     softmax_fill = {'qkv': WHOLE, 'proj': WHOLE}
-    # Of the MAC bound: 2d features cost pointwise passes over N x 2d per head (the key
-    # shift and exponential, the query softmax, the log-softmax of the 'softmax' map) that
-    # the MAC count does not see.
-    bound_fraction_target = .80
     # The fast form scales each key feature by exp(-K_m) and its queries by exp(K_m); that
     # commutes with a rotation of feature pairs only if both features of a pair share the
     # scale, which needs its own derivation (and oracle) first. BaseAttention refuses rope.
