@@ -182,7 +182,6 @@ class TTTAttention(BaseAttention):
     # the extra 3d rows (the conv head) keep their init; proj is Linear(C + d, C), not a
     # Softmax block's layer.
     softmax_fill = {'qkv': LEADING_ROWS, 'proj': OWN_INIT}
-    bound_fraction_target = .75
 
     options = BaseAttention.options + ('inner_scale', )
 
