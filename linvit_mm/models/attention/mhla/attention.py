@@ -96,7 +96,6 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
     """
 
     uses_cls_token = False
-    bound_fraction_target = .75
 
     options = BaseAttention.options + ('num_blocks', 'block_size', 'mixing_init',
                                        'value_kernel_size', 'eps', 'feature_floor', 'qk_norm',
