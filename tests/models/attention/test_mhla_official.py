@@ -369,21 +369,25 @@ def test_benchmark_measures_the_official_forms_by_name():
     """The backbone benchmark's MHLA forms build the switches they are named for, their
     rows carry mhla's bound target, and they pass ``--operators`` as they are."""
     import importlib.util
+
+    from linvit_mm.utils.benchmark import BOUND_FRACTION_TARGETS
+    from linvit_mm.utils.benchmark.backbone import build_backbone
+    from linvit_mm.utils.benchmark.targets import bound_fractions
+    arch = dict(embed_dims=EMBED_DIMS, num_layers=1, num_heads=NUM_HEADS,
+                feedforward_channels=48)
+    official = build_backbone('mhla-official', arch, 64, init=False).layers[0].attn
+    assert (official.normaliser, official.num_blocks, official.qkv.bias) == ('official', (4, 4),
+                                                                              None)
+    assert isinstance(official.norm, nn.LayerNorm) and isinstance(official.k_norm, nn.RMSNorm)
+    offnorm = build_backbone('mhla-offnorm', arch, 64, init=False).layers[0].attn
+    assert (offnorm.normaliser, offnorm.num_blocks) == ('official', (2, 2))
+    assert isinstance(offnorm.norm, nn.Identity) and offnorm.qkv.bias is not None
+    fractions = bound_fractions(['mhla', 'mhla-official'])
+    assert fractions['mhla-official'] == fractions['mhla'] == BOUND_FRACTION_TARGETS['mhla']
+    # the command line: the forms are accepted by name
     path = REPO / 'tools' / 'analysis_tools' / 'benchmark_backbone.py'
     spec = importlib.util.spec_from_file_location('benchmark_backbone', path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    arch = dict(embed_dims=EMBED_DIMS, num_layers=1, num_heads=NUM_HEADS,
-                feedforward_channels=48)
-    official = bench.build_backbone('mhla-official', arch, 64, init=False).layers[0].attn
-    assert (official.normaliser, official.num_blocks, official.qkv.bias) == ('official', (4, 4),
-                                                                              None)
-    assert isinstance(official.norm, nn.LayerNorm) and isinstance(official.k_norm, nn.RMSNorm)
-    offnorm = bench.build_backbone('mhla-offnorm', arch, 64, init=False).layers[0].attn
-    assert (offnorm.normaliser, offnorm.num_blocks) == ('official', (2, 2))
-    assert isinstance(offnorm.norm, nn.Identity) and offnorm.qkv.bias is not None
-    fractions = bench.bound_fractions(['mhla', 'mhla-official'])
-    target = MultiHeadLinearAttention.bound_fraction_target
-    assert fractions['mhla-official'] == fractions['mhla'] == target
     args = bench.parse_args(['--operators', 'softmax', 'mhla-official', '--no-memory'])
     assert args.operators == ['softmax', 'mhla-official']
