@@ -1,4 +1,5 @@
-"""tools/analysis_tools/benchmark_backbone.py: tiny end-to-end runs, the targets' lines, its options.
+"""tools/analysis_tools/benchmark_backbone.py: tiny end-to-end runs, the targets' lines, the
+options.
 
 The measurement and the verdicts are tested in tests/utils/test_benchmark_backbone_timing.py
 and tests/utils/test_benchmark_targets.py."""

@@ -19,11 +19,11 @@ the ratio of medians and the ratio of minima.
 
 Peak memory of one step of each kind, measured as ``benchmark_backbone.py`` does (the probes
 of ``linvit_mm.utils.benchmark.memory``): on CUDA ``max_memory_allocated`` over the step minus
-what was allocated before it; on a CPU each kind runs in a fresh subprocess that takes one warm-up step on a small input
-(thread pools, kernels and the optimizer state are then resident), frees the gradients,
-reads ``VmRSS``, resets the peak and reads ``VmHWM`` after one full-size step, with glibc's
-mmap threshold fixed so that resident memory follows live tensors. Both figures include the
-gradients of what trains.
+what was allocated before it; on a CPU each kind runs in a fresh subprocess that takes one
+warm-up step on a small input (thread pools, kernels and the optimizer state are then
+resident), frees the gradients, reads ``VmRSS``, resets the peak and reads ``VmHWM`` after one
+full-size step, with glibc's mmap threshold fixed so that resident memory follows live
+tensors. Both figures include the gradients of what trains.
 
 Weights are random (the cost does not depend on their values); both models keep training
 through the run.

@@ -7,8 +7,7 @@ import time
 import torch
 
 from .common import ForwardClock, padded, quiet_mmengine_logs, rotated, synchronise
-
-REFERENCE = 'softmax'
+from .targets import REFERENCE
 
 
 def build_adapter(attn_type, arch, device):

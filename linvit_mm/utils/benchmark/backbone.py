@@ -10,8 +10,8 @@ from linvit_mm.models.attention.mhla import OFFICIAL_IMAGENET
 from .common import Stopwatch, quiet_mmengine_logs, rotated, scalar_loss
 from .load import BackgroundLoad, wait_for_quiet
 from .memory import PROBE_GRID, cuda_step_peak_mib, rss_step_peak, run_probe
+from .targets import REFERENCE
 
-REFERENCE = 'softmax'
 # Forms of an operator measured under their own names beside its default form:
 # name -> (operator, extra LinearViT arguments).
 OPERATOR_VARIANTS = {

@@ -4,9 +4,16 @@ The numbers are the benchmarks' (docs/benchmarks.md states them), not properties
 operators: an operator knows its cost (``core_macs``), the benchmark how close to that cost a
 measured speed-up has to come.
 """
-from .backbone import OPERATOR_VARIANTS, REFERENCE
+REFERENCE = 'softmax'
 
-# ---------------------------------------------------------------- backbone (CPU, fp32, batch 1, ViT-S)
+
+def _operator_variants():
+    # imported when needed: the memory probes' fresh interpreters load this package without
+    # the models the backbone benchmark builds
+    from .backbone import OPERATOR_VARIANTS
+    return OPERATOR_VARIANTS
+
+# ------------------------------------------------ backbone (CPU, fp32, batch 1, ViT-S)
 # Each operator's speed-up over softmax (forward and training step) at BOUND_TARGET_TOKENS
 # must reach this fraction of its MAC-count bound, MACs(softmax) / MACs(operator): the share
 # of the arithmetic saving that survives as wall time. An operator without an entry
@@ -46,14 +53,16 @@ def verdict(passed):
 def is_hybrid(operator):
     """Whether an ``--operators`` entry is a hybrid (``relu+softmax@0,11``)."""
     from linvit_mm.models.backbones.hybrid import parse_attn_spec
-    return operator not in OPERATOR_VARIANTS and not isinstance(parse_attn_spec(operator), str)
+    return (operator not in _operator_variants()
+            and not isinstance(parse_attn_spec(operator), str))
 
 
 def bound_fractions(operators):
     """``{operator: BOUND_FRACTION_TARGETS entry}`` of the measured operators that have one
     (an operator form takes its operator's; hybrids have their own target,
     ``HYBRID_EXCESS``)."""
-    fractions = {op: BOUND_FRACTION_TARGETS.get(OPERATOR_VARIANTS.get(op, (op, ))[0])
+    variants = _operator_variants()
+    fractions = {op: BOUND_FRACTION_TARGETS.get(variants.get(op, (op, ))[0])
                  for op in operators if not is_hybrid(op)}
     return {op: fraction for op, fraction in fractions.items() if fraction is not None}
 
