@@ -173,6 +173,20 @@ def test_ade_label_maps(mini_data_root, summaries):
 
 
 # ----------------------------------------------------------------------------- idempotency
+DENSE_MAKERS = {'coco': (make_mini_coco, 'train2017'), 'ade': (make_mini_ade, 'images/training')}
+
+
+@pytest.mark.parametrize('name', list(DENSE_MAKERS))
+def test_dense_sets_have_the_sizes_asked_for(name, tmp_path):
+    maker, train_dir = DENSE_MAKERS[name]
+    summary = maker(tmp_path / name, num_train=3, num_val=2, img_size=(40, 32), max_instances=2)
+    assert summary['splits'] == dict(train=3, val=2)
+    images = sorted((tmp_path / name / train_dir).iterdir())
+    assert len(images) == 3
+    with Image.open(images[0]) as img:
+        assert img.size == (40, 32)
+
+
 def test_second_call_writes_nothing(tmp_path):
     root = tmp_path / 'cls'
     first = make_mini_imagenet(root, num_classes=2, train_per_class=1, val_per_class=1,

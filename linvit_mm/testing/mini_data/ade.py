@@ -7,8 +7,7 @@ import numpy as np
 from PIL import Image
 
 from .drawing import DENSE_SHAPE_KINDS, _draw_scene, _polygon_mask, _rng
-from .writing import (FORMAT_VERSION, ImageSize, _check_int, _check_kinds, _check_size,
-                      _generate, _save_jpeg)
+from .writing import FORMAT_VERSION, ImageSize, _check_dense_args, _generate, _save_jpeg
 
 # The first ADE20K class names (mmseg ``ADE20KDataset.METAINFO['classes']``); the label-map
 # logic of mmseg only accepts a metainfo override that names a subset of them.
@@ -46,12 +45,8 @@ def make_mini_ade(root,
         ``metainfo=dict(classes=...)``), ``splits``, ``data_prefixes``, ``num_files``,
         ``num_bytes``.
     """
-    classes = _check_kinds('classes', classes, DENSE_SHAPE_KINDS)
-    num_train = _check_int('num_train', num_train)
-    num_val = _check_int('num_val', num_val)
-    max_instances = _check_int('max_instances', max_instances, 1, 16)
-    width, height = _check_size('img_size', img_size, 32)
-    seed = _check_int('seed', seed, 0)
+    classes, num_train, num_val, max_instances, (width, height), seed = _check_dense_args(
+        classes, num_train, num_val, max_instances, img_size, seed)
     params = dict(format='ade20k', version=FORMAT_VERSION, num_train=num_train,
                   num_val=num_val, img_size=[width, height], classes=list(classes),
                   max_instances=max_instances, seed=seed)

@@ -5,9 +5,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .drawing import DENSE_SHAPE_KINDS, _draw_scene, _rng
-from .writing import (FORMAT_VERSION, ImageSize, _check_int, _check_kinds, _check_size,
-                      _generate, _save_jpeg, _write_json)
+from .drawing import _draw_scene, _rng
+from .writing import (FORMAT_VERSION, ImageSize, _check_dense_args, _generate, _save_jpeg,
+                      _write_json)
 
 
 def _polygon_area(polygon: np.ndarray) -> float:
@@ -37,12 +37,8 @@ def make_mini_coco(root,
         ``instances`` (per split), ``ann_files``, ``data_prefixes``, ``num_files`` and
         ``num_bytes`` (data files, the marker not counted).
     """
-    classes = _check_kinds('classes', classes, DENSE_SHAPE_KINDS)
-    num_train = _check_int('num_train', num_train)
-    num_val = _check_int('num_val', num_val)
-    max_instances = _check_int('max_instances', max_instances, 1, 16)
-    width, height = _check_size('img_size', img_size, 32)
-    seed = _check_int('seed', seed, 0)
+    classes, num_train, num_val, max_instances, (width, height), seed = _check_dense_args(
+        classes, num_train, num_val, max_instances, img_size, seed)
     params = dict(format='coco', version=FORMAT_VERSION, num_train=num_train, num_val=num_val,
                   img_size=[width, height], classes=list(classes), max_instances=max_instances,
                   seed=seed)

@@ -10,6 +10,8 @@ from typing import Optional, Sequence, Tuple, Union
 import numpy as np
 from PIL import Image
 
+from .drawing import DENSE_SHAPE_KINDS
+
 MARKER_FILE = 'linvit_mini.json'
 # Bump when the bytes written for the same parameters change, so stale roots get rebuilt.
 FORMAT_VERSION = 1
@@ -54,6 +56,15 @@ def _check_kinds(name, kinds, valid):
         raise ValueError(f'{name} has duplicates: {kinds!r}')
     return kinds
 
+
+
+def _check_dense_args(classes, num_train, num_val, max_instances, img_size, seed):
+    """The arguments of the dense sets (COCO, ADE20K), checked: ``(classes, num_train,
+    num_val, max_instances, (width, height), seed)``."""
+    return (_check_kinds('classes', classes, DENSE_SHAPE_KINDS),
+            _check_int('num_train', num_train), _check_int('num_val', num_val),
+            _check_int('max_instances', max_instances, 1, 16),
+            _check_size('img_size', img_size, 32), _check_int('seed', seed, 0))
 
 
 # ----------------------------------------------------------------------------- file I/O
