@@ -15,10 +15,10 @@ batches of 24 images, alignment steps counted, so every recipe sees the same ima
 
 Each recipe runs per operator (``--attn-types``, relu and ttt by default), seed and budget
 (``--budgets``: a short and a long one), through ``tools/train.py`` and the configs of
-``configs/demo/`` (the demo's own code runs them: ``tools/demo.py``'s ``RECIPES`` and
-``run_recipe``). A run's top-1 is the validation at its end. The budget is equal in steps
-and images, not in compute: distillation and alignment also run the teacher, which the
-``seconds`` column shows.
+``configs/demo/`` (the demo's own code runs them: ``linvit_mm.staged.recipes.RECIPES`` and
+``linvit_mm.staged.demo_stages.run_recipe``). A run's top-1 is the validation at its end. The
+budget is equal in steps and images, not in compute: distillation and alignment also run the
+teacher, which the ``seconds`` column shows.
 
 Prints mean +- std over the seeds per operator, budget and recipe, and writes to
 ``--out-dir``: ``recipes.csv`` (one row per run), ``recipes_summary.csv`` (one per recipe),
@@ -40,21 +40,19 @@ Example::
 LINVIT_MM_TOOL = True
 import linvit_mm  # noqa: E402,F401  isort: skip
 import argparse
-import contextlib
 import csv
 import functools
-import importlib.util
-import io
 import json
 import os
 import os.path as osp
 import subprocess
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
 from linvit_mm.cpu_threads import usable_cores
+from linvit_mm.staged import demo_sources, demo_stages, recipes
+from linvit_mm.staged.demo_stages import InProcessTools
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 PAPER_RECIPES = ('mlpcopy', 'mlpcopy-distill', 'fullcopy', 'fullcopy-distill')
@@ -68,79 +66,30 @@ SUMMARY_COLUMNS = ['attn_type', 'steps', 'images', 'recipe', 'n', 'mean', 'std',
                    'mean_seconds']
 
 
-def load_demo():
-    """tools/demo.py as a module (``tools`` is not a package): the recipes, their stage
-    options and the runner are the demo's, so the two cannot drift apart."""
-    spec = importlib.util.spec_from_file_location('linvit_demo', osp.join(REPO, 'tools',
-                                                                          'demo.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class InProcessTools:
-    """The demo's ``run_tool`` with the tools run in this process: the same ``main`` of
-    ``tools/train.py`` with the same arguments, less the interpreter start-up and imports,
-    which on two cores take longer than a 30-step run itself. mmengine names a run by its
-    config and the second it starts, so each run gets its own ``experiment_name`` (two runs of
-    one config within a second would otherwise share a logger and message hub). Output is
-    captured by redirecting ``sys.stdout``, which is global: one run at a time."""
-
-    def __init__(self, threads=None):
-        self.modules = {}
-        self.threads = threads
-
-    def __call__(self, args, log_path, show=True, threads=None):
-        import torch
-        if threads or self.threads:
-            torch.set_num_threads(threads or self.threads)
-        path = args[0]
-        if path not in self.modules:
-            spec = importlib.util.spec_from_file_location(
-                f'linvit_tool_{osp.splitext(osp.basename(path))[0]}', osp.join(REPO, path))
-            self.modules[path] = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(self.modules[path])
-        argv = [str(arg) for arg in args[1:]]
-        if osp.basename(path) in ('train.py', 'test.py'):
-            argv.append(f'experiment_name=benchmark_recipes_{uuid.uuid4().hex[:12]}')
-        stream = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
-                self.modules[path].main(argv)
-        except BaseException as error:
-            with open(log_path, 'w') as f:
-                f.write(stream.getvalue())
-            raise SystemExit(f'benchmark_recipes: {" ".join(args[:2])} failed ({error!r}); '
-                             f'log: {log_path}') from error
-        with open(log_path, 'w') as f:
-            f.write(stream.getvalue())
-        return stream.getvalue()
-
-
 @functools.lru_cache(maxsize=None)
-def stage_batch_size(demo, stage):
-    """Images a step of ``stage`` (a stage of the demo's ``RECIPES``) trains on: its config's
+def stage_batch_size(stage):
+    """Images a step of ``stage`` (a stage of ``RECIPES``) trains on: its config's
     ``train_dataloader.batch_size``."""
     from mmengine.config import Config
-    return Config.fromfile(osp.join(demo.DEMO_CONFIGS, demo.CLS_CONFIG.format(
+    return Config.fromfile(osp.join(recipes.DEMO_CONFIGS, recipes.CLS_CONFIG.format(
         stage=stage))).train_dataloader.batch_size
 
 
-def budget(recipe, steps, demo):
+def budget(recipe, steps):
     """What ``recipe`` spends at ``steps``: ``dict(steps, images, stages)``, alignment stages
     counted like any other (their optimiser steps, their batches of images)."""
-    stages = demo.recipe_stages(recipe, steps)
+    stages = recipes.recipe_stages(recipe, steps)
     return dict(steps=sum(n for _, n in stages),
-                images=sum(n * stage_batch_size(demo, stage) for stage, n in stages),
+                images=sum(n * stage_batch_size(stage) for stage, n in stages),
                 stages=' '.join(f'{stage}:{n}' for stage, n in stages))
 
 
-def check_equal_budgets(recipes, budgets, demo):
+def check_equal_budgets(names, budgets):
     """Refuse a grid in which two recipes at one budget would take different numbers of
     optimiser steps or see different numbers of images (a stage config with another batch
     size, say): the comparison is only fair at an equal budget."""
     for steps in budgets:
-        spent = {recipe: budget(recipe, steps, demo) for recipe in recipes}
+        spent = {recipe: budget(recipe, steps) for recipe in names}
         kinds = {(b['steps'], b['images']) for b in spent.values()}
         if len(kinds) > 1:
             raise ValueError(f'at {steps} steps the recipes would not spend the same budget: ' +
@@ -149,13 +98,12 @@ def check_equal_budgets(recipes, budgets, demo):
                              '; give every stage config the same train_dataloader.batch_size')
 
 
-def parse_args(argv=None, demo=None):
-    demo = demo or load_demo()
+def parse_args(argv=None):
     from linvit_mm.models.attention import attention_types
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--attn-types', nargs='+', choices=attention_types(),
                         help=f'student operators (default: {" ".join(DEFAULTS["attn_types"])})')
-    parser.add_argument('--recipes', nargs='+', choices=list(demo.RECIPES),
+    parser.add_argument('--recipes', nargs='+', choices=list(recipes.RECIPES),
                         default=list(PAPER_RECIPES + STAGED_RECIPES),
                         help='recipes to compare (default: the four of the paper and the four '
                         'staged ones)')
@@ -201,35 +149,35 @@ def parse_args(argv=None, demo=None):
     if min(args.jobs, args.threads, args.teacher_iters) < 1:
         parser.error(f'--jobs, --threads and --teacher-iters must be >= 1, got {args.jobs}, '
                      f'{args.threads} and {args.teacher_iters}')
-    longest = max(len(demo.RECIPES[recipe]) for recipe in args.recipes)
+    longest = max(len(recipes.RECIPES[recipe]) for recipe in args.recipes)
     if min(args.budgets) < longest:
         parser.error(f'--budgets {min(args.budgets)} cannot give each of the {longest} stages '
                      f'of a recipe a step')
     if args.teacher is not None and not osp.isfile(args.teacher):
         parser.error(f'--teacher {args.teacher}: no such file')
     try:
-        check_equal_budgets(args.recipes, args.budgets, demo)
+        check_equal_budgets(args.recipes, args.budgets)
     except ValueError as error:
         parser.error(str(error))
     args.out_dir = args.out_dir or args.work_dir
     return args
 
 
-def summarise_runs(runs, demo):
+def summarise_runs(runs):
     """Rows of ``SUMMARY_COLUMNS``, one per operator, budget and recipe, in run order."""
     groups = {}
     for run in runs:
         groups.setdefault((run['attn_type'], run['steps'], run['recipe']), []).append(run)
     rows = []
     for (attn_type, steps, recipe), group in groups.items():
-        stats = demo.summarise({recipe: {run['seed']: run['top1'] for run in group}})[recipe]
+        stats = recipes.summarise({recipe: {run['seed']: run['top1'] for run in group}})[recipe]
         rows.append(dict(attn_type=attn_type, steps=steps, images=group[0].get('images'),
                          recipe=recipe, **stats,
                          mean_seconds=sum(run['seconds'] for run in group) / len(group)))
     return rows
 
 
-def format_table(summary, demo):
+def format_table(summary):
     """Per operator and budget, the recipes' mean +- std (best first) and seconds a run."""
     lines = []
     for attn_type, steps in dict.fromkeys((row['attn_type'], row['steps']) for row in summary):
@@ -238,7 +186,7 @@ def format_table(summary, demo):
                       key=lambda row: -row['mean'])
         lines += ['', f'{attn_type}, {steps} steps ({rows[0]["n"]} seeds): top-1 (%)',
                   f'  {"recipe":<20}{"mean +- std":>16}{"min":>8}{"max":>8}{"s / run":>9}']
-        lines += [f'  {row["recipe"]:<20}{demo.format_mean_std(row, 2):>16}'
+        lines += [f'  {row["recipe"]:<20}{recipes.format_mean_std(row, 2):>16}'
                   f'{row["min"]:>8.2f}{row["max"]:>8.2f}{row["mean_seconds"]:>9.0f}'
                   for row in rows]
     return '\n'.join(lines[1:])
@@ -298,51 +246,51 @@ def git_commit():
 
 
 def main(argv=None):
-    demo = load_demo()
-    args = parse_args(argv, demo)
+    args = parse_args(argv)
     started = time.time()
     load_before = os.getloadavg()
     work = osp.abspath(args.work_dir)
     data_root = osp.abspath(args.data_root)
-    groups = osp.join(data_root, demo.TRANSFER_SET)
-    num_val = demo.write_demo_set(data_root, demo.TRANSFER_SET)['splits']['val']
+    groups = osp.join(data_root, recipes.TRANSFER_SET)
+    num_val = recipes.write_demo_set(data_root, recipes.TRANSFER_SET)['splits']['val']
     threads = args.threads
-    if args.in_process:
-        demo.run_tool = InProcessTools(threads)
-    configs = demo.DemoConfigs()  # configs/demo as they are
+    runner = InProcessTools(threads, 'benchmark_recipes') if args.in_process else None
+    configs = demo_sources.DemoConfigs()  # configs/demo as they are
     teacher_top1 = None
     if args.teacher is None:
-        demo.write_demo_set(data_root, demo.TEACHER_SET)
-        demo.log(f'Softmax teacher on shapes ({args.teacher_iters} iterations)')
-        teacher_run = demo.train_teacher(osp.join(work, 'teacher'), data_root,
-                                         args.teacher_iters, args.force, configs)
+        recipes.write_demo_set(data_root, recipes.TEACHER_SET)
+        demo_stages.log(f'Softmax teacher on shapes ({args.teacher_iters} iterations)')
+        teacher_run = demo_stages.train_teacher(osp.join(work, 'teacher'), data_root,
+                                                args.teacher_iters, args.force, configs,
+                                                runner=runner)
         args.teacher, teacher_top1 = teacher_run.checkpoint, teacher_run.metric
-        demo.log(f'    teacher: {teacher_top1:.2f}% top-1 on shapes')
+        demo_stages.log(f'    teacher: {teacher_top1:.2f}% top-1 on shapes')
     grid = [(attn_type, steps, recipe, seed) for attn_type in args.attn_types
             for steps in args.budgets for recipe in args.recipes for seed in args.seeds]
-    demo.log(f'{len(grid)} runs ({len(args.attn_types)} operators x {len(args.budgets)} budgets '
+    demo_stages.log(f'{len(grid)} runs ({len(args.attn_types)} operators x '
+                    f'{len(args.budgets)} budgets '
              f'x {len(args.recipes)} recipes x {len(args.seeds)} seeds), {args.jobs} at a time '
              f'on {threads} threads each; validation: {num_val} images')
 
     def one_run(key):
         attn_type, steps, recipe, seed = key
-        run = demo.run_recipe(recipe, seed, steps=steps, attn_type=attn_type,
-                              teacher=args.teacher, data_root=groups, force=args.force,
-                              threads=threads, configs=configs,
-                              work_dir=osp.join(work, attn_type, f'{steps}steps', recipe,
-                                                f'seed{seed}'))
-        demo.log(f'    {attn_type} {steps:>4} steps {recipe:<18} seed {seed}: '
+        run = demo_stages.run_recipe(recipe, seed, steps=steps, attn_type=attn_type,
+                                     teacher=args.teacher, data_root=groups, force=args.force,
+                                     threads=threads, configs=configs, runner=runner,
+                                     work_dir=osp.join(work, attn_type, f'{steps}steps',
+                                                       recipe, f'seed{seed}'))
+        demo_stages.log(f'    {attn_type} {steps:>4} steps {recipe:<18} seed {seed}: '
                  f'{run.metric:6.2f}% ({run.seconds:.0f} s{", reused" if run.reused else ""})')
-        spent = budget(recipe, steps, demo)
+        spent = budget(recipe, steps)
         return dict(attn_type=attn_type, steps=spent['steps'], images=spent['images'],
                     recipe=recipe, seed=seed, top1=run.metric, seconds=round(run.seconds, 1),
                     stages=spent['stages'])
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         runs = list(pool.map(one_run, grid))
-    summary = summarise_runs(runs, demo)
+    summary = summarise_runs(runs)
     print()
-    print(format_table(summary, demo))
+    print(format_table(summary))
     print()
 
     os.makedirs(args.out_dir, exist_ok=True)
@@ -360,7 +308,7 @@ def main(argv=None):
     plot(summary, runs, paths['recipes.png'],
          f'Softmax -> linear ViT on shape groups, equal steps per recipe, mean +- std over '
          f'{len(args.seeds)} seeds ({num_val} validation images)')
-    demo.log(f'wrote {", ".join(paths.values())} in {setup["seconds"]} s (load average '
+    demo_stages.log(f'wrote {", ".join(paths.values())} in {setup["seconds"]} s (load average '
              f'{load_before[0]:.1f} before, {setup["load_after"][0]:.1f} after)')
     return dict(setup=setup, summary=summary, runs=runs)
 

@@ -1,0 +1,101 @@
+"""linvit_mm.staged.demo_stages: the console's view of the tools' logs and the reuse of finished
+stages."""
+import os
+from pathlib import Path
+
+import pytest
+
+from linvit_mm.staged import demo_stages
+from linvit_mm.staged import recipes as demo_recipes
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_LINE = ('11/30 14:49:03 - mmengine - INFO - Iter(train) [ 50/1500]  base_lr: 5.0000e-04 '
+              'lr: 5.0000e-04  eta: 0:03:12  time: 0.1276  data_time: 0.0031  memory: 0  '
+              'grad_norm: 1.2300  loss: 1.7140\n')
+
+
+def test_progress_lines_keep_the_eta():
+    assert demo_stages.shown_line(TRAIN_LINE) == (
+        'Iter(train) [ 50/1500] lr: 5.0000e-04  eta: 0:03:12  time: 0.1276  memory: 0  '
+        'loss: 1.7140')
+
+
+@pytest.mark.parametrize('line', [
+    '11/30 14:50:00 - mmengine - INFO - Epoch(val) [1][8/8]    accuracy/top1: 47.9167  '
+    'data_time: 0.01  time: 0.02\n',
+    '11/30 14:50:00 - mmengine - INFO - Iter(val) [400/400]    aAcc: 71.0  mIoU: 25.46\n',
+], ids=['accuracy', 'miou'])
+def test_metric_lines_are_shown(line):
+    shown = demo_stages.shown_line(line)
+    assert shown is not None and 'data_time' not in shown and ' - INFO - ' not in shown
+
+
+def test_other_lines_are_not_shown():
+    assert demo_stages.shown_line('11/30 14:50:00 - mmengine - INFO - Checkpoints will be saved to '
+                           '/tmp/x.\n') is None
+
+
+# ----------------------------------------------------------------------------- reuse
+class FakeTrain:
+    """Stands in for ``tools/train.py``: writes the checkpoint and prints a validation."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, args, log_path, show=True, threads=None):
+        self.calls += 1
+        work_dir = Path(args[args.index('--work-dir') + 1])
+        checkpoint = work_dir / 'iter_1.pth'
+        checkpoint.write_bytes(b'weights')
+        (work_dir / 'last_checkpoint').write_text(str(checkpoint))
+        return f'Epoch(val) [1][4/4]    accuracy/top1: {40.0 + self.calls}\n'
+
+
+def test_finished_stage_is_reused_only_with_the_same_options(monkeypatch, tmp_path):
+    fake = FakeTrain()
+    monkeypatch.setattr(demo_stages, 'run_tool', fake)
+    config = tmp_path / 'configs' / demo_recipes.CLS_CONFIG.format(stage='mlpcopy')
+    config.parent.mkdir()
+    config.write_text((REPO / 'configs' / 'demo' / config.name).read_text())
+    config = str(config)
+    first = demo_stages.train(config, str(tmp_path), ['a=1'], False, metric_name='accuracy/top1')
+    assert first[:2] == (str(tmp_path / 'iter_1.pth'), 41.0) and fake.calls == 1
+    assert not first.reused
+    assert demo_stages.train(config, str(tmp_path), ['a=1'], False,
+                             metric_name='accuracy/top1') == first._replace(reused=True)
+    assert fake.calls == 1
+    assert demo_stages.train(config, str(tmp_path), ['a=2'], False,
+                             metric_name='accuracy/top1')[1] == 42.0
+    assert demo_stages.train(config, str(tmp_path), ['a=2'], True,
+                             metric_name='accuracy/top1')[1] == 43.0
+    (tmp_path / 'iter_1.pth').unlink()  # a record without its checkpoint is run again
+    assert demo_stages.train(config, str(tmp_path), ['a=2'], False,
+                             metric_name='accuracy/top1')[1] == 44.0
+    # an earlier stage's checkpoint written again (same path, new weights): run again
+    previous = tmp_path / 'previous.pth'
+    previous.write_bytes(b'old')
+    options = [f'model.backbone.init_cfg.checkpoint={previous}']
+    assert demo_stages.train(config, str(tmp_path), options, False).reused is False
+    assert demo_stages.train(config, str(tmp_path), options, False).reused is True
+    os.utime(previous, (previous.stat().st_atime, previous.stat().st_mtime + 10))
+    assert demo_stages.train(config, str(tmp_path), options, False).reused is False
+    assert fake.calls == 6
+    # the config itself changed (a source's config written again): run again
+    os.utime(config, (os.stat(config).st_atime, os.stat(config).st_mtime + 10))
+    assert demo_stages.train(config, str(tmp_path), options, False).reused is False
+    assert demo_stages.train(config, str(tmp_path), options, False).reused is True
+    assert fake.calls == 7
+
+
+def test_a_given_runner_runs_the_stage_instead_of_a_subprocess(monkeypatch, tmp_path):
+    """benchmark_recipes --in-process passes its runner; the module's run_tool stays unused."""
+    def refuse(*args, **kwargs):
+        raise AssertionError('run_tool ran although a runner was given')
+
+    monkeypatch.setattr(demo_stages, 'run_tool', refuse)
+    fake = FakeTrain()
+    config = tmp_path / 'c.py'
+    config.write_text('x = 1\n')
+    run = demo_stages.train(str(config), str(tmp_path / 'w'), ['a=1'], False,
+                            metric_name='accuracy/top1', runner=fake)
+    assert run.metric == 41.0 and fake.calls == 1

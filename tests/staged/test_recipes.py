@@ -1,0 +1,153 @@
+"""linvit_mm.staged.recipes: the validation-set rule, the recipes' budgets and stage options
+(their configs build), the seeds and the mean +- std over them."""
+import statistics
+from pathlib import Path
+
+import pytest
+from mmengine.config import Config
+
+from linvit_mm.staged import recipes as demo_recipes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ----------------------------------------------------------------------------- the data
+def test_one_validation_image_is_at_most_half_a_point():
+    maker, params = demo_recipes.DEMO_SETS[demo_recipes.TRANSFER_SET]
+    from linvit_mm.testing.mini_data import CLS_TASKS
+    num_val = len(CLS_TASKS[params['task']]) * params['val_per_class']
+    assert demo_recipes.check_validation_size(num_val) == num_val
+    assert demo_recipes.points_per_image(num_val) <= 0.5
+    assert demo_recipes.points_per_image(200) == 0.5
+    # the training images stay the few of the default shape-groups set
+    assert params['train_per_class'] == 8 and maker == 'make_mini_imagenet'
+
+
+@pytest.mark.parametrize('num_val', [48, 199])
+def test_small_validation_sets_are_refused(num_val):
+    with pytest.raises(ValueError, match=rf'{num_val} images .* at least 200 validation'):
+        demo_recipes.check_validation_size(num_val)
+
+
+# ----------------------------------------------------------------------------- recipes
+@pytest.mark.parametrize('shares,total,expected', [
+    ([1], 200, [200]),
+    ([1, 3], 200, [50, 150]),
+    ([1, 1, 2], 200, [50, 50, 100]),
+    ([1, 1, 2], 10, [3, 2, 5]),
+    ([1, 1, 2], 3, [1, 1, 1]),
+    ([1, 100], 2, [1, 1]),
+])
+def test_split_budget(shares, total, expected):
+    assert demo_recipes.split_budget(shares, total) == expected
+
+
+def test_split_budget_refuses_fewer_steps_than_stages():
+    with pytest.raises(ValueError, match='budget of 2 steps .* 3 stages'):
+        demo_recipes.split_budget([1, 1, 2], 2)
+
+
+@pytest.mark.parametrize('recipe', ['random', 'staged-1-3', 'staged-1-2-3', 'staged-1-2-3-lora'])
+def test_every_recipe_spends_the_same_budget(recipe):
+    stages = demo_recipes.recipe_stages(recipe, 200)
+    assert sum(steps for _, steps in stages) == 200
+    assert [stage for stage, _ in stages] == [stage for stage, _ in demo_recipes.RECIPES[recipe]]
+
+
+def test_unknown_recipe_is_named():
+    with pytest.raises(ValueError, match="unknown recipe 'staged-2'"):
+        demo_recipes.recipe_stages('staged-2', 200)
+
+
+def test_demo_recipes_are_recipes_with_configs():
+    assert set(demo_recipes.DEMO_RECIPES) <= set(demo_recipes.RECIPES)
+    for stages in demo_recipes.RECIPES.values():
+        for stage, _ in stages:
+            config = demo_recipes.CLS_CONFIG.format(stage=stage)
+            assert (REPO / 'configs' / 'demo' / config).is_file()
+
+
+def stage_configs(recipe, previous_dir, attn_type='ttt', seed=3, iters=40):
+    """Each stage's config of ``recipe`` with the demo's options merged in; a stage continues
+    ``previous_dir/<previous stage>.pth``."""
+    from mmengine.config import DictAction
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    configs, previous = [], None
+    for stage, steps in demo_recipes.recipe_stages(recipe, iters):
+        options = demo_recipes.stage_options(stage, steps, attn_type=attn_type, seed=seed,
+                                             teacher='/t/teacher.pth', data_root='/d/groups',
+                                             previous=previous)
+        cfg = Config.fromfile(str(REPO / 'configs' / 'demo' /
+                                  demo_recipes.CLS_CONFIG.format(stage=stage)))
+        cfg.merge_from_dict(parser.parse_args(['--cfg-options', *options]).cfg_options)
+        configs.append((stage, steps, cfg))
+        previous = str(previous_dir / f'{stage}.pth')
+    return configs
+
+
+@pytest.mark.parametrize('recipe', ['mlpcopy-distill', 'fullcopy', 'staged-1-2-3',
+                                    'staged-1-3-lora'])
+def test_stage_options_build_each_stage_of_the_recipe(recipe, tmp_path):
+    from mmengine.registry import init_default_scope
+    from mmpretrain.registry import MODELS
+
+    from linvit_mm.testing.staged import write_recorded_checkpoint
+    init_default_scope('mmpretrain')
+    for index, (stage, steps, cfg) in enumerate(stage_configs(recipe, tmp_path)):
+        student = (cfg.model.backbone.module if stage in demo_recipes.LORA_STAGES else
+                   cfg.model.backbone)
+        assert student.attn_type == 'ttt' and cfg.randomness.seed == 3
+        assert cfg.train_cfg.max_iters == steps == cfg.param_scheduler[1].end
+        assert cfg.param_scheduler[0].end == cfg.param_scheduler[1].begin == max(1, steps // 10)
+        assert cfg.train_dataloader.dataset.data_root == '/d/groups'
+        if stage in demo_recipes.ALIGN_STAGES:
+            assert cfg.val_dataloader is None and cfg.model.teacher.init_cfg.checkpoint == (
+                '/t/teacher.pth')
+        else:
+            assert cfg.val_dataloader.dataset.data_root == '/d/groups'
+        if index == 0 and stage not in demo_recipes.ALIGN_STAGES:
+            assert student.init_cfg.checkpoint == '/t/teacher.pth'
+        elif index > 0:  # continues the previous stage's checkpoint
+            previous = tmp_path / f'{stages_of(recipe)[index - 1]}.pth'
+            assert student.init_cfg.checkpoint == str(previous)
+        if stage.endswith('-distill'):
+            assert cfg.custom_hooks[0].teacher.init_cfg.checkpoint == '/t/teacher.pth'
+        if stage in demo_recipes.LORA_STAGES:  # LoRAModel loads its module's weights when built
+            write_recorded_checkpoint(previous, MODELS.build(student))
+        MODELS.build(cfg.model)
+
+
+def stages_of(recipe):
+    return [stage for stage, _ in demo_recipes.RECIPES[recipe]]
+
+
+def test_seeds_differ_only_in_the_seed():
+    options = [demo_recipes.stage_options('staged-ft', 100, attn_type='relu', seed=seed,
+                                          teacher='t', data_root='d', previous='p')
+               for seed in (0, 1)]
+    assert set(options[0]) ^ set(options[1]) == {'randomness.seed=0', 'randomness.seed=1'}
+
+
+def test_stage_options_refuse_a_missing_or_stray_previous_checkpoint():
+    with pytest.raises(ValueError, match="'staged-ft' continues the previous stage"):
+        demo_recipes.stage_options('staged-ft', 10, attn_type='relu', seed=0, teacher='t',
+                                   data_root='d')
+    with pytest.raises(ValueError, match="'mlpcopy' starts from the teacher .* 'p'"):
+        demo_recipes.stage_options('mlpcopy', 10, attn_type='relu', seed=0, teacher='t',
+                                   data_root='d', previous='p')
+
+
+# ----------------------------------------------------------------------------- results
+def test_summary_is_mean_and_sample_std_over_seeds():
+    top1 = {'a': {0: 40.0, 1: 50.0, 2: 60.0}, 'b': {0: 33.0, 1: 35.0, 2: 34.0}, 'c': {7: 70.0}}
+    summary = demo_recipes.summarise(top1)
+    assert summary['a'] == dict(mean=50.0, std=10.0, min=40.0, max=60.0, n=3)
+    assert summary['b']['mean'] == pytest.approx(34.0)
+    assert summary['b']['std'] == pytest.approx(statistics.stdev([33.0, 35.0, 34.0])) == 1.0
+    assert summary['c'] == dict(mean=70.0, std=None, min=70.0, max=70.0, n=1)
+    assert demo_recipes.format_mean_std(summary['a']) == '50.0 +- 10.0'
+    assert demo_recipes.format_mean_std(summary['c']) == '70.0 +- -'
+    with pytest.raises(ValueError, match="'d' has no results"):
+        demo_recipes.summarise({'d': {}})
