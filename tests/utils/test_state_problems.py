@@ -17,7 +17,7 @@ def vit():
 @pytest.mark.parametrize('shape, resizable', [
     ((1, 1 + 64, 32), True), ((1, 1 + 4, 32), True), ((1, 1 + 16, 32), True),
     ((1, 1 + 15, 32), False), ((1, 1, 32), False), ((1, 65, 16), False),
-    ((2, 65, 32), False), ((65, 32), False)],
+    ((2, 65, 32), False), ((1, 65), False)],
     ids=['8x8', '2x2', 'same-grid', 'not-square', 'no-patches', 'other-width', 'batch-2',
          'two-dims'])
 def test_resizable_pos_embed(vit, shape, resizable):
@@ -27,6 +27,8 @@ def test_resizable_pos_embed(vit, shape, resizable):
 def test_no_learned_pos_embed_nothing_resizes():
     sincos = MODELS.build(tiny_vit_cfg('relu', pos_embed_type='sincos'))
     assert sincos.pos_embed is None
+    # neither with nor without an extra-token slot
+    assert not resizable_pos_embed(sincos, torch.zeros(1, 64, 32))
     assert not resizable_pos_embed(sincos, torch.zeros(1, 65, 32))
 
 
