@@ -22,8 +22,7 @@ checkpoints cannot disagree.
 from collections import OrderedDict
 from typing import Callable, Dict, List, NamedTuple, Optional
 
-from ..models.backbones.arch_zoo import ARCH_SWITCH_DEFAULTS
-from ..models.backbones.arch_zoo import FAMILIES as ARCH_FAMILIES
+from ..models.backbones import arch_zoo as _arch_zoo
 
 __all__ = ['Architecture', 'Family', 'FAMILIES', 'read_architecture', 'resolve_family',
            'family_heads', 'known_families_text']
@@ -92,7 +91,7 @@ def _needs(**wanted):
 def _implied(switches):
     """What a checkpoint of a model with these switches shows, per ``Architecture`` field:
     the value, or a test of it."""
-    switches = dict(ARCH_SWITCH_DEFAULTS, **switches)
+    switches = dict(_arch_zoo.ARCH_SWITCH_DEFAULTS, **switches)
     with_registers = switches['num_register_tokens'] > 0
     implied = dict(
         layer_scale=switches['layer_scale_init_value'] > 0,
@@ -115,7 +114,7 @@ def _family(name, entry):
 
 
 # In the order a checkpoint's family is inferred: the first whose requirements hold.
-FAMILIES = OrderedDict((name, _family(name, entry)) for name, entry in ARCH_FAMILIES.items())
+FAMILIES = OrderedDict((name, _family(name, entry)) for name, entry in _arch_zoo.FAMILIES.items())
 
 
 def known_families_text():
