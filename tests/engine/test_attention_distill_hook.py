@@ -22,7 +22,7 @@ from mmpretrain.structures import DataSample
 import linvit_mm.engine  # noqa: F401
 import linvit_mm.models  # noqa: F401
 from linvit_mm.engine import AttentionDistillHook
-from linvit_mm.engine.hooks.attention_distill_hook import _patch_size
+from linvit_mm.models.pairing import patch_size_of as _patch_size
 from linvit_mm.models import LinearViT
 from linvit_mm.testing.staged import TINY_ARCH, tiny_vit_cfg, write_softmax_teacher
 from linvit_mm.testing.staged import teacher_cfg as peaked_teacher_cfg

@@ -8,9 +8,8 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS, DefaultScope
 
 from linvit_mm.models import pairing
-# align_tokens and _patch_size are imported from here by the fidelity tool and the tests
+# align_tokens was importable from here before the pairing rules had a module of their own
 from linvit_mm.models.pairing import align_tokens  # noqa: F401
-from linvit_mm.models.pairing import patch_size_of as _patch_size  # noqa: F401
 from linvit_mm.utils.blocks import block_index_list, is_block_index
 
 
