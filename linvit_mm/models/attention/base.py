@@ -123,9 +123,6 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
     # What a Softmax checkpoint's ``attn.qkv`` / ``attn.proj`` gives this operator's
     # layer of the same name: one of ``SOFTMAX_FILLS``.
     softmax_fill = {'qkv': WHOLE, 'proj': WHOLE}
-    # The fraction of its multiply-accumulate speed-up bound over Softmax that the
-    # backbone benchmark holds the operator to at long sequences (None: no target).
-    bound_fraction_target = None
     # The constructor contract: the keyword arguments an operator's ``__init__`` takes besides
     # ``embed_dims`` and ``num_heads``. Every operator takes these (and passes ``rope`` and
     # ``layer_scale_init_value`` on to ``BaseAttention``, which applies both) and lists its
