@@ -6,6 +6,9 @@ dataset/transform/metric types); only the backbone is shrunk and the checkpoints
 replaced by tiny ones written here, so no config can rot unnoticed.
 """
 import argparse
+import collections
+import copy
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -71,6 +74,30 @@ def source_checkpoint(word, folder):
                                   num_heads=TINY_ARCH['num_heads'], mlp_ratio=2)
         torch.save(model.state_dict(), path)
     return str(path)
+
+
+@pytest.fixture(scope='module', autouse=True)
+def external_bases_resolved_once():
+    """mmengine finds a ``package::`` base by reloading pkg_resources and parsing every
+    metafile of the package (a second or more for mmdet, for each base of each config); the
+    installed packages stay as they are during the run, so each package is checked and each
+    metafile parsed once (the parsed metafiles are only read)."""
+    import mmengine.config.config as config_module
+    import mmengine.config.utils as config_utils
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(config_module, 'is_installed', functools.cache(config_module.is_installed))
+        patch.setattr(config_utils, 'load', functools.cache(config_utils.load))
+        yield
+
+
+@functools.cache
+def loaded_config(path):
+    return Config.fromfile(path)
+
+
+def load_config(path):
+    """``Config.fromfile(path)``, a fresh copy of what the file's first load resolved to."""
+    return copy.deepcopy(loaded_config(str(path)))
 
 
 def config_id(path):
@@ -168,12 +195,10 @@ def check_registered(cfg, scope):
         HOOKS.build(hook)
 
 
-def run_classification(cfg, softmax_checkpoint, staged_checkpoints=None):
-    from mmpretrain.registry import MODELS
-    from mmpretrain.structures import DataSample
+def prepare_classification(cfg, softmax_checkpoint, staged_checkpoints=None):
+    """Shrink ``cfg`` to the test's sizes in place; returns the source's arch word (or None)."""
     backbone = cfg.model.backbone
-    lora = backbone.type == 'LoRAModel'  # mmpretrain's LoRA around the LinearViT
-    vit = backbone.module if lora else backbone
+    vit = backbone.module if backbone.type == 'LoRAModel' else backbone
     vit.update(img_size=IMG)
     word = shrink_vit(vit, TINY_ARCH, patch_size=16)
     if word is not None:  # copied from a tiny checkpoint of the source's family
@@ -183,13 +208,25 @@ def run_classification(cfg, softmax_checkpoint, staged_checkpoints=None):
     cfg.model.head.in_channels = TINY_ARCH['embed_dims']
     if cfg.model.head.get('init_cfg'):
         retarget_transfer(cfg.model.head.init_cfg, softmax_checkpoint)
+    for hook in cfg.get('custom_hooks', []):
+        if hook['type'] == 'AttentionDistillHook':
+            teacher_cfg = hook['teacher']
+            teacher_cfg.update(img_size=IMG)
+            assert shrink_vit(teacher_cfg, TINY_ARCH, patch_size=16) == word  # same source
+            retarget_transfer(teacher_cfg.init_cfg, softmax_checkpoint)
+    return word
+
+
+def run_classification(cfg, word):
+    from mmpretrain.registry import MODELS
+    from mmpretrain.structures import DataSample
     model = MODELS.build(cfg.model)
     model.init_weights()
     if word is not None:
         from linvit_mm.models import LinearViT
         assert model.backbone.patch_size == LinearViT.arch_zoo[word]['patch_size']
         assert model.backbone.transfer_report['copied']  # from the source's checkpoint
-    if lora:
+    if cfg.model.backbone.type == 'LoRAModel':  # mmpretrain's LoRA around the LinearViT
         from linvit_mm.staged import unmatched_lora_targets
         assert not unmatched_lora_targets(model.backbone)
     num_classes = cfg.model.head.num_classes
@@ -205,25 +242,24 @@ def run_classification(cfg, softmax_checkpoint, staged_checkpoints=None):
     assert preds[0].pred_score.shape == (num_classes, )
     for hook in cfg.get('custom_hooks', []):
         if hook['type'] == 'AttentionDistillHook':
-            teacher_cfg = hook['teacher']
-            teacher_cfg.update(img_size=IMG)
-            assert shrink_vit(teacher_cfg, TINY_ARCH, patch_size=16) == word  # same source
-            retarget_transfer(teacher_cfg.init_cfg, softmax_checkpoint)
-            teacher = MODELS.build(teacher_cfg)
+            teacher = MODELS.build(hook['teacher'])
             teacher.init_weights()
     return model
 
 
-def run_aligner(cfg, softmax_checkpoint, staged_checkpoints):
-    """The staged recipe's alignment stages: two training steps with the config's optimizer."""
-    from mmpretrain.registry import MODELS
-    from mmpretrain.structures import DataSample
+def prepare_aligner(cfg, softmax_checkpoint, staged_checkpoints):
     for vit in (cfg.model.backbone, cfg.model.teacher):
         vit.update(arch=TINY_ARCH, img_size=IMG, patch_size=16)
         retarget_transfer(vit.get('init_cfg') or [], softmax_checkpoint)
     retarget_staged(cfg.model.backbone, staged_checkpoints)
     # as the Runner does: the aligners refuse to train without the teacher's preprocessing
     cfg.model.setdefault('data_preprocessor', cfg.get('data_preprocessor'))
+
+
+def run_aligner(cfg):
+    """The staged recipe's alignment stages: two training steps with the config's optimizer."""
+    from mmpretrain.registry import MODELS
+    from mmpretrain.structures import DataSample
     model = MODELS.build(cfg.model)
     model.init_weights()
     optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
@@ -251,13 +287,16 @@ def shrink_adapter(cfg, checkpoint):
                     deform_ratio=1.0, conv_inplane=8, pretrained=checkpoint)
 
 
-def run_detection(cfg, checkpoint):
+def prepare_detection(cfg, checkpoint):
+    shrink_adapter(cfg, checkpoint)
+    cfg.model.neck.in_channels = [TINY_ARCH['embed_dims']] * 4
+
+
+def run_detection(cfg):
     from mmdet.registry import MODELS
     from mmdet.structures import DetDataSample
     from mmdet.structures.mask import BitmapMasks
     from mmengine.structures import InstanceData
-    shrink_adapter(cfg, checkpoint)
-    cfg.model.neck.in_channels = [TINY_ARCH['embed_dims']] * 4
     model = MODELS.build(cfg.model)
     model.init_weights()
     h, w = 75, 100  # non-square, not multiples of 32
@@ -279,15 +318,18 @@ def run_detection(cfg, checkpoint):
     return model
 
 
-def run_segmentation(cfg, checkpoint):
-    from mmengine.structures import PixelData
-    from mmseg.registry import MODELS
-    from mmseg.structures import SegDataSample
+def prepare_segmentation(cfg, checkpoint):
     shrink_adapter(cfg, checkpoint)
     width = TINY_ARCH['embed_dims']
     cfg.model.decode_head.in_channels = [width] * 4
     cfg.model.auxiliary_head.in_channels = width
     cfg.model.data_preprocessor.size = (96, 128)
+
+
+def run_segmentation(cfg):
+    from mmengine.structures import PixelData
+    from mmseg.registry import MODELS
+    from mmseg.structures import SegDataSample
     model = MODELS.build(cfg.model)
     model.init_weights()
     h, w = 75, 100
@@ -316,14 +358,14 @@ def test_every_operator_and_size_has_its_imagenet_recipe():
     bases = [p for p in (CONFIG_ROOT / '_base_/models/linvit').glob('linvit-*.py')
              if p.stem != 'linvit-classifier']
     sizes = [p.stem[len('linvit-'):] for p in bases
-             if source_word(Config.fromfile(str(p)).model.backbone) is None]
+             if source_word(load_config(p).model.backbone) is None]
     assert {'tiny', 'small', 'base'} <= set(sizes)
     setting = {'softmax': 'fullcopy'}
     missing = [f'linvit-{op}-{size}_{setting.get(op, "fullcopy-distill")}_32xb128_in1k.py'
                for op in attention_types() for size in sizes]
     for dense in ('detection', 'segmentation'):
         for config in (CONFIG_ROOT / dense).glob('*.py'):
-            stage = Config.fromfile(str(config)).linvit_checkpoint.split('/')[1]
+            stage = load_config(config).linvit_checkpoint.split('/')[1]
             missing.append(f'{stage}.py')
     missing = [name for name in missing
                if not (CONFIG_ROOT / 'classification/imagenet' / name).is_file()]
@@ -334,8 +376,43 @@ def test_every_operator_and_size_has_its_imagenet_recipe():
 @pytest.mark.parametrize('config', CONFIGS, ids=config_id)
 def test_config_builds_and_runs(config, softmax_checkpoint, classification_checkpoints,
                                 staged_checkpoints):
-    build_and_run(Config.fromfile(str(config)), softmax_checkpoint, classification_checkpoints,
+    build_and_run(load_config(config), softmax_checkpoint, classification_checkpoints,
                   staged_checkpoints)
+
+
+# What a run of a prepared config reads, by kind of model: a run gets a Config of these keys
+# only, so two configs that agree on them run the same and the run is done once for both.
+RUN_KEYS = {'aligner': ('model', 'optim_wrapper'), 'classification': ('model', 'custom_hooks'),
+            'detection': ('model', ), 'segmentation': ('model', )}
+RUNS = {'aligner': run_aligner, 'classification': run_classification,
+        'detection': run_detection, 'segmentation': run_segmentation}
+# Models of the latest distinct runs: the configs that share one (sizes of an operator that
+# the test's tiny arch makes alike, data sets and schedules of one recipe) sort close together.
+RECENT_RUNS = collections.OrderedDict()
+KEPT_RUNS = 6
+
+
+def prepare(cfg, softmax_checkpoint, classification_checkpoints, staged_checkpoints):
+    """Shrink ``cfg`` in place; returns the kind of model and the arguments of its run."""
+    scope = cfg.get('default_scope', 'mmpretrain')
+    if cfg.model.type in ('AttentionAligner', 'FeatureAligner'):
+        prepare_aligner(cfg, softmax_checkpoint, staged_checkpoints)
+        return 'aligner', {}
+    if scope == 'mmpretrain':
+        word = prepare_classification(cfg, softmax_checkpoint, staged_checkpoints)
+        return 'classification', dict(word=word)
+    vit = cfg.model.backbone.vit
+    # the demo's mini ViT uses 8-pixel patches; the checkpoint must match the model
+    checkpoint = classification_checkpoints(vit.attn_type, vit.get('patch_size', 16),
+                                            vit.get('with_cls_token'))
+    if source_word(vit) is not None:  # the source's switches, at the test's sizes
+        shrunk = dict(vit)
+        shrink_vit(shrunk, DENSE_ARCH)
+        checkpoint = classification_checkpoints(vit.attn_type, None, vit.get('with_cls_token'),
+                                                arch=shrunk['arch'])
+    kind = 'detection' if scope == 'mmdet' else 'segmentation'
+    (prepare_detection if kind == 'detection' else prepare_segmentation)(cfg, checkpoint)
+    return kind, {}
 
 
 def build_and_run(cfg, softmax_checkpoint, classification_checkpoints, staged_checkpoints=None):
@@ -343,22 +420,16 @@ def build_and_run(cfg, softmax_checkpoint, classification_checkpoints, staged_ch
     init_default_scope(scope)
     with DefaultScope.overwrite_default_scope(scope):
         check_registered(cfg, scope)
-        if cfg.model.type in ('AttentionAligner', 'FeatureAligner'):
-            model = run_aligner(cfg, softmax_checkpoint, staged_checkpoints)
-        elif scope == 'mmpretrain':
-            model = run_classification(cfg, softmax_checkpoint, staged_checkpoints)
-        else:
-            vit = cfg.model.backbone.vit
-            # the demo's mini ViT uses 8-pixel patches; the checkpoint must match the model
-            checkpoint = classification_checkpoints(vit.attn_type, vit.get('patch_size', 16),
-                                                    vit.get('with_cls_token'))
-            if source_word(vit) is not None:  # the source's switches, at the test's sizes
-                shrunk = dict(vit)
-                shrink_vit(shrunk, DENSE_ARCH)
-                checkpoint = classification_checkpoints(vit.attn_type, None,
-                                                        vit.get('with_cls_token'),
-                                                        arch=shrunk['arch'])
-            model = (run_detection if scope == 'mmdet' else run_segmentation)(cfg, checkpoint)
+        kind, extra = prepare(cfg, softmax_checkpoint, classification_checkpoints,
+                              staged_checkpoints)
+        run_cfg = Config({key: cfg[key] for key in RUN_KEYS[kind] if key in cfg})
+        key = (scope, kind, repr(sorted(extra.items())), repr(run_cfg.to_dict()))
+        if key not in RECENT_RUNS:
+            RECENT_RUNS[key] = RUNS[kind](run_cfg, **extra)
+            while len(RECENT_RUNS) > KEPT_RUNS:
+                RECENT_RUNS.popitem(last=False)
+        RECENT_RUNS.move_to_end(key)
+        model = RECENT_RUNS[key]
         build_optim_wrapper(model, cfg.optim_wrapper)
         return model
 
@@ -406,7 +477,7 @@ def test_override_pattern_builds_and_runs(pattern, softmax_checkpoint,
     config, options = OVERRIDES[pattern]
     path = classification_checkpoints('mhla', 16) if pattern == 'dense operator' else \
         softmax_checkpoint
-    cfg = apply_cli_options(Config.fromfile(str(CONFIG_ROOT / config)),
+    cfg = apply_cli_options(load_config(CONFIG_ROOT / config),
                             options.replace('PATH', path))
     if pattern == 'softmax checkpoint':
         assert (cfg.model.backbone.init_cfg.checkpoint ==
