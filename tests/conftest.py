@@ -1,4 +1,5 @@
 """Fixtures shared by the whole test suite."""
+import functools
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,21 @@ def mini_data_root(tmp_path_factory):
     root = tmp_path_factory.mktemp('mini_data')
     make_mini_all(root)
     return root
+
+
+@pytest.fixture(scope='session', autouse=True)
+def external_bases_resolved_once():
+    """mmengine finds a ``package::`` base (``mmdet::``, ``mmseg::``, ``linvit_mm::``) by
+    reloading pkg_resources and parsing every metafile of the package, a second or more for
+    mmdet, for each base of each config the suite loads; the installed packages stay as they
+    are during the run, so each package is checked and each metafile parsed once (the parsed
+    metafiles are only read). Config resolution itself runs unchanged."""
+    import mmengine.config.config as config_module
+    import mmengine.config.utils as config_utils
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(config_module, 'is_installed', functools.cache(config_module.is_installed))
+        patch.setattr(config_utils, 'load', functools.cache(config_utils.load))
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -76,20 +76,6 @@ def source_checkpoint(word, folder):
     return str(path)
 
 
-@pytest.fixture(scope='module', autouse=True)
-def external_bases_resolved_once():
-    """mmengine finds a ``package::`` base by reloading pkg_resources and parsing every
-    metafile of the package (a second or more for mmdet, for each base of each config); the
-    installed packages stay as they are during the run, so each package is checked and each
-    metafile parsed once (the parsed metafiles are only read)."""
-    import mmengine.config.config as config_module
-    import mmengine.config.utils as config_utils
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(config_module, 'is_installed', functools.cache(config_module.is_installed))
-        patch.setattr(config_utils, 'load', functools.cache(config_utils.load))
-        yield
-
-
 @functools.cache
 def loaded_config(path):
     return Config.fromfile(path)
