@@ -178,6 +178,14 @@ def test_grid_larger_than_sequence_is_rejected(attn_type, make_attention, tokens
         module(tokens((3, 3), 0), (4, 4))
 
 
+@pytest.mark.parametrize('attn_type', [name for name in OPERATORS
+                                       if hasattr(attention_class(name), 'naive_forward')])
+def test_the_oracle_rejects_the_grid_the_fast_form_rejects(attn_type, make_attention, tokens):
+    module = make_attention(attn_type)
+    with pytest.raises(ValueError, match='9 tokens cannot hold a 4x4 grid'):
+        module.naive_forward(tokens((3, 3), 0), (4, 4))
+
+
 @pytest.mark.parametrize('attn_type', OPERATORS)
 def test_attention_dropout_only_where_a_map_is_formed(attn_type, make_attention):
     if attention_class(attn_type).supports_attn_drop:
