@@ -9,7 +9,7 @@ what a scope-specific option means, as each upstream ``tools/test.py`` defines i
 
 A CHECKPOINT that does not fit a LinearViT model of the config (other operators, stage, head
 or tensors) is refused before anything loads (``linvit_mm.engine.strict_load``;
-``--no-strict-load`` loads what fits, with a warning; docs/loading.md).
+``--no-strict-load`` loads what fits, with a warning; docs/user_guides/loading.md).
 
 ``--out``
 

@@ -1,4 +1,5 @@
-# Staged recipe on the demo's data, stage 1 (docs/staged.md): attention alignment of the relu
+# Staged recipe on the demo's data, stage 1 (docs/user_guides/staged.md): attention alignment of
+# the relu
 # mini ViT to the demo's Softmax teacher. Each block's attention alone trains, on the
 # teacher's input to that block; labels are not used and there is nothing to validate.
 _base_ = ['./_base_/linvit-relu-mini_mini-groups.py']

@@ -1,4 +1,4 @@
-# Staged recipe on the demo's data, stage 2 (docs/staged.md): the whole relu mini ViT of
+# Staged recipe on the demo's data, stage 2 (docs/user_guides/staged.md): the whole relu mini ViT of
 # stage 1 matches the Softmax teacher's final normed tokens; no labels, nothing to validate.
 _base_ = ['./_base_/linvit-relu-mini_mini-groups.py']
 

@@ -1,4 +1,5 @@
-# Staged recipe on the demo's data, stage 3 (docs/staged.md): supervised fine-tuning of the
+# Staged recipe on the demo's data, stage 3 (docs/user_guides/staged.md): supervised fine-tuning
+# of the
 # aligned relu mini ViT of stage 2 on the shape groups, every weight trained.
 _base_ = ['./_base_/linvit-relu-mini_mini-groups.py']
 

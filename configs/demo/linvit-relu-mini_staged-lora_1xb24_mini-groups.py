@@ -1,4 +1,4 @@
-# Staged recipe on the demo's data, stage 3 with LoRA (docs/staged.md): mmpretrain's
+# Staged recipe on the demo's data, stage 3 with LoRA (docs/user_guides/staged.md): mmpretrain's
 # LoRAModel around the aligned relu mini ViT of stage 2; the low-rank factors of attn.qkv and
 # attn.proj and the head train. tools/model_converters/merge_lora.py then writes a plain
 # checkpoint.

@@ -28,7 +28,7 @@ already finished with the same options are reused, so an interrupted grid contin
 On two cores a run of 20-60 steps is shorter than an interpreter start-up, so
 ``--in-process`` runs ``tools/train.py``'s ``main`` in this process, one run at a time; two
 such processes on disjoint ``--attn-types`` fill two cores, and a last call with the whole grid
-reuses their runs and writes the tables (docs/recipes.md has the commands).
+reuses their runs and writes the tables (docs/results/recipes.md has the commands).
 
 Example::
 

@@ -10,7 +10,7 @@ must have a place in the LinearViT that computes the official forward (an unknow
 one is an error naming it, and nothing is written). The output holds ``backbone.*`` and the
 classifier ``head.layers.head.*`` with the record of the ViT, so it loads strictly with
 ``init_cfg=dict(type='LinearViTCheckpoint', checkpoint=OUT)`` into the model the tool prints
-(docs/transfer.md, "Released linear ViTs").
+(docs/user_guides/transfer.md, "Released linear ViTs").
 """
 import argparse
 import sys

@@ -1,4 +1,5 @@
-# CIFAR-100: 100 classes, read from data/cifar100 (docs/datasets.md), resized to 224.
+# CIFAR-100: 100 classes, read from data/cifar100 (docs/user_guides/dataset_prepare.md), resized
+# to 224.
 _base_ = ['./transfer_bs64_linvit_224.py']
 
 data_root = 'data/cifar100'

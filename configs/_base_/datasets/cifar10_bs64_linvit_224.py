@@ -1,4 +1,5 @@
-# CIFAR-10: 10 classes, read from data/cifar10 (docs/datasets.md), resized to 224.
+# CIFAR-10: 10 classes, read from data/cifar10, resized to 224
+# (docs/user_guides/dataset_prepare.md).
 _base_ = ['./transfer_bs64_linvit_224.py']
 
 data_root = 'data/cifar10'

@@ -1,4 +1,5 @@
-# Flowers-102: 102 classes, read from data/flowers102 (docs/datasets.md), resized to 224.
+# Flowers-102: 102 classes, read from data/flowers102 (docs/user_guides/dataset_prepare.md),
+# resized to 224.
 _base_ = ['./transfer_bs64_linvit_224.py']
 
 data_root = 'data/flowers102'

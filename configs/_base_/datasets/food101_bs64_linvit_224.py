@@ -1,4 +1,5 @@
-# Food-101: 101 classes, read from data/food-101 (docs/datasets.md), resized to 224.
+# Food-101: 101 classes, read from data/food-101, resized to 224
+# (docs/user_guides/dataset_prepare.md).
 _base_ = ['./transfer_bs64_linvit_224.py']
 
 data_root = 'data/food-101'

@@ -1,6 +1,6 @@
 # ImageNet-1K as in the paper (Table B): RandomResizedCrop 224 + flip + colour jitter 0.4;
 # evaluation: resize the short edge to 248 and centre-crop 224 (crop ratio 0.9).
-# Expects mmpretrain's layout under data/imagenet (see docs/datasets.md).
+# Expects mmpretrain's layout under data/imagenet (see docs/user_guides/dataset_prepare.md).
 _base_ = ['mmpretrain::_base_/datasets/imagenet_bs64_swin_224.py']
 
 data_root = 'data/imagenet'

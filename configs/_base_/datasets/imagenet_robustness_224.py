@@ -3,7 +3,7 @@
 #   test_dataloader = dict(dataset={{_base_.imagenet_a_dataset}})
 #   test_evaluator = {{_base_.imagenet_a_evaluator}}
 # ImageNet-A / -R hold 200 of the 1000 classes: SubsetAccuracy takes the arg-max over
-# those 200 logits. Layouts: docs/datasets.md.
+# those 200 logits. Layouts: docs/user_guides/dataset_prepare.md.
 robustness_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='ResizeEdge', scale=248, edge='short', backend='pillow', interpolation='bicubic'),

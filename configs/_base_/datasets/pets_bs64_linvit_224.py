@@ -1,4 +1,5 @@
-# Oxford-IIIT Pets: 37 classes, read from data/oxford-iiit-pet (docs/datasets.md), resized to 224.
+# Oxford-IIIT Pets: 37 classes, read from data/oxford-iiit-pet
+# (docs/user_guides/dataset_prepare.md), resized to 224.
 _base_ = ['./transfer_bs64_linvit_224.py']
 
 data_root = 'data/oxford-iiit-pet'

@@ -1,4 +1,5 @@
-# STL-10 (linvit_mm's STL10 dataset): 10 classes, read from data/stl10 (docs/datasets.md), resized to 224.
+# STL-10 (linvit_mm's STL10 dataset): 10 classes, read from data/stl10
+# (docs/user_guides/dataset_prepare.md), resized to 224.
 _base_ = ['./transfer_bs64_linvit_224.py']
 
 data_root = 'data/stl10'

@@ -1,5 +1,5 @@
 # Staged recipe, stage 1: attention alignment of a relu ViT-S to the Softmax DeiT-S
-# (docs/staged.md, README.md here).
+# (docs/user_guides/staged.md, README.md here).
 _base_ = ['../../_base_/models/linvit/softmax-small.py', './_base_/align-attn_8xb128_in1k.py']
 
 model = dict(backbone=dict(arch='small', attn_type='relu'), teacher={{_base_.distill_hook.teacher}})

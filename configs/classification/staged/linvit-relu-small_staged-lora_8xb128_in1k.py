@@ -1,4 +1,4 @@
-# Staged recipe, stage 3 with LoRA on the aligned relu ViT-S of stage 2 (docs/staged.md,
+# Staged recipe, stage 3 with LoRA on the aligned relu ViT-S of stage 2 (docs/user_guides/staged.md,
 # README.md here); the head starts from the DeiT-S head.
 _base_ = ['../../_base_/models/linvit/softmax-small.py', './_base_/staged-lora_8xb128_in1k.py']
 

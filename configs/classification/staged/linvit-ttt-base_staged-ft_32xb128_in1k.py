@@ -1,5 +1,5 @@
 # Staged recipe, stage 3: supervised fine-tuning of the aligned ttt ViT-B (stage 2),
-# every weight trained; the head starts from the DeiT-B head (docs/staged.md).
+# every weight trained; the head starts from the DeiT-B head (docs/user_guides/staged.md).
 _base_ = [
     '../../_base_/models/linvit/linvit-base.py',
     '../../_base_/datasets/imagenet_bs128_linvit_224.py',

@@ -1,5 +1,5 @@
 # Staged recipe, stage 2: feature alignment of the ttt ViT-T of stage 1 to the Softmax
-# DeiT-T (docs/staged.md, README.md here).
+# DeiT-T (docs/user_guides/staged.md, README.md here).
 _base_ = ['../../_base_/models/linvit/softmax-tiny.py', './_base_/align-feat_8xb128_in1k.py']
 
 stage1_checkpoint = 'work_dirs/linvit-ttt-tiny_align-attn_8xb128_in1k/epoch_5.pth'

@@ -37,7 +37,8 @@ OVERRIDABLE_SWITCHES = ('final_norm', 'pooled_norm', 'pos_embed_antialias')
 FFN_TYPES = ('mlp', 'swiglu')
 
 # The Softmax families a checkpoint can come from (timm's model definitions; see
-# docs/transfer.md), in the order a checkpoint's family is inferred: the first whose
+# docs/user_guides/foundation_sources.md), in the order a checkpoint's family is inferred: the
+# first whose
 # ``recognised_by`` properties its tensors show with the values ``switches`` imply.
 #   description: what it is, for messages;
 #   heads: {embed_dims: num_heads} of its released models (64-channel heads, except DINOv3's

@@ -38,8 +38,9 @@ class LinearViT(PositionEmbeddingMixin, BaseBackbone):
             the architecture switches below. The DeiT words ``'tiny'``, ``'small'``,
             ``'base'`` (``'deit-*'``; 192/3, 384/6, 768/12 heads, depth 12, MLP ratio 4)
             set sizes only. The source words set everything that defines a pre-trained
-            family, so its checkpoints compute the same function (docs/transfer.md has the
-            table): ``dinov2-{small,base,large}``, ``dinov2-reg-{small,base,large}``,
+            family, so its checkpoints compute the same function (the table is in
+            docs/user_guides/foundation_sources.md): ``dinov2-{small,base,large}``,
+            ``dinov2-reg-{small,base,large}``,
             ``dinov3-{small,base,large}``, ``deit3-{small,base}``, ``clip-base``
             (QuickGELU, OpenAI CLIP), ``clip-base-gelu`` (GELU, OpenCLIP / timm
             ``vit_base_patch16_clip_224``), ``eva02-{tiny,small,base}``. A switch the

@@ -2,7 +2,8 @@
 # script's piece_size=4 transform=linear) as a LinearViT classifier: no class token,
 # learned position embedding of the 16 x 16 grid of 256 px, no qkv bias, average pooling
 # then a norm (timm's fc_norm; no final norm), and in every block the mhla operator with
-# the authors' switches (linvit_mm.models.attention.mhla.OFFICIAL_IMAGENET; docs/operators.md).
+# the authors' switches (linvit_mm.models.attention.mhla.OFFICIAL_IMAGENET;
+# docs/user_guides/operators.md).
 # Their ViT zero-pads 224 px inputs (after normalisation) by 16 px on every side to 256 px;
 # give this model 256 px inputs prepared that way to compute what theirs does.
 _base_ = ['./linvit-classifier.py']

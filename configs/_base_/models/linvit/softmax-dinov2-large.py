@@ -3,8 +3,8 @@
 # The Softmax ViT that initialises the student (SoftmaxTransfer) and teaches it
 # (AttentionDistillHook): the release, from
 #   https://dl.fbaipublicfiles.com/dinov2/dinov2_vitl14/dinov2_vitl14_pretrain.pth
-# (timm's vit_large_patch14_dinov2 state dict works too; docs/transfer.md). Put it here, or
-# override per run as for the DeiT sizes (README.md, Configs).
+# (timm's vit_large_patch14_dinov2 state dict works too; docs/user_guides/transfer.md). Put it
+# here, or override per run as for the DeiT sizes (README.md, Configs).
 _base_ = ['./softmax-teacher.py']
 
 softmax_checkpoint = 'checkpoints/dinov2_vitl14_pretrain.pth'

@@ -3,8 +3,8 @@
 # The Softmax ViT that initialises the student (SoftmaxTransfer) and teaches it
 # (AttentionDistillHook): the release, from
 #   the download form of github.com/facebookresearch/dinov3 (LVD-1689M pre-training)
-# (timm's vit_base_patch16_dinov3 state dict works too; docs/transfer.md). Put it here, or
-# override per run as for the DeiT sizes (README.md, Configs).
+# (timm's vit_base_patch16_dinov3 state dict works too; docs/user_guides/transfer.md). Put it
+# here, or override per run as for the DeiT sizes (README.md, Configs).
 _base_ = ['./softmax-teacher.py']
 
 softmax_checkpoint = 'checkpoints/dinov3_vitb16_pretrain_lvd1689m-73cec8be.pth'

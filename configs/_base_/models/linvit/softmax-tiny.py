@@ -4,7 +4,7 @@
 # The Softmax ViT that initialises the student (SoftmaxTransfer) and teaches it
 # (AttentionDistillHook): the official DeiT-Tiny release,
 #   https://dl.fbaipublicfiles.com/deit/deit_tiny_patch16_224-a1311bcf.pth
-# (any format of docs/transfer.md works). Put it here, or override per run with
+# (any format of docs/user_guides/transfer.md works). Put it here, or override per run with
 #   --cfg-options model.backbone.init_cfg.checkpoint=PATH \
 #                 custom_hooks.0.teacher.init_cfg.checkpoint=PATH \
 #                 model.head.init_cfg.1.checkpoint=PATH  # the ImageNet FullCopy head
