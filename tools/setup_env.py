@@ -304,7 +304,9 @@ def step_mmcv(env, order):
 
 
 def step_project(env, order):
-    stamp = sha256_of(REPO / 'setup.py', str(env.path))
+    # The checkout's own path too: the editable install and the link lead to one checkout, so
+    # an environment shared by a second checkout must be pointed at it.
+    stamp = sha256_of(REPO / 'setup.py', str(env.path), str(REPO))
     if env.stamp_ok('project', stamp):
         log('project: up to date')
         return
