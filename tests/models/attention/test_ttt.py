@@ -309,10 +309,18 @@ def test_invalid_arguments(tokens, make_ttt):
         build_attention('ttt', embed_dims=EMBED_DIMS, num_heads=NUM_HEADS, attn_drop=0.1)
     with pytest.raises(ValueError, match='divisible'):
         build_attention('ttt', embed_dims=25, num_heads=NUM_HEADS)
-    with pytest.raises(ValueError, match='inner_scale must be positive'):
-        build_attention('ttt', embed_dims=EMBED_DIMS, num_heads=NUM_HEADS, inner_scale=-1.)
+    for scale in (-1., 0.):
+        with pytest.raises(ValueError, match='inner_scale must be positive'):
+            build_attention('ttt', embed_dims=EMBED_DIMS, num_heads=NUM_HEADS, inner_scale=scale)
     module = make_ttt(spread=0)
     with pytest.raises(ValueError, match='tokens cannot hold'):
         module(tokens((7, 9), 0), (8, 9))
     with pytest.raises(TypeError, match='no attention map'):
         module.attention_map(tokens((5, 3), 0), (5, 3))
+
+
+def test_documented_defaults(assert_common_defaults):
+    """The inner models' step scale defaults to 1/sqrt(9) (the conv inner model's 3x3 kernel
+    as its head dim), and the operator declares it has no q_i^T k_j form to initialise."""
+    assert_common_defaults('ttt', inner_scale=9**-0.5, has_qk_form=False, has_map=False,
+                           uses_cls_token=False)
