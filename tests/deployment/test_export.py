@@ -127,6 +127,7 @@ def test_every_operator_survives_torch_export_at_any_size(attn_type, single_expo
     assert_matches_eager(model, run_program(program), dynamic_inputs(model))
 
 
+@pytest.mark.slow  # each family's ONNX graph: 20-40 s on 2 cores
 @pytest.mark.parametrize('attn_type', attention_types())
 def test_every_operator_survives_onnx_export_at_any_size(attn_type, hybrid_exports):
     """The block of ``attn_type`` in its family's ONNX graph matches eager on the inputs of
@@ -153,6 +154,7 @@ def graph_targets(program):
             if isinstance(module, torch.fx.GraphModule) for node in module.graph.nodes}
 
 
+@pytest.mark.slow  # shares the ONNX families' exports above
 @pytest.mark.parametrize('fmt', ['torch-export', 'onnx'])
 def test_a_hybrid_exports_at_any_size(fmt, hybrid_exports):
     """Blocks of different operators (MHLA then ViT^3) in one graph."""
@@ -172,6 +174,7 @@ def test_ttt_program_calls_the_kernels_and_portable_one_only_pytorch(ttt_program
     assert_matches_eager(model, run_program(portable), check_inputs(model, SHAPE))
 
 
+@pytest.mark.slow
 def test_saved_programs_load_and_the_portable_one_without_linvit_mm(ttt_programs, tmp_path):
     model, program, portable_program = ttt_programs
     images = check_inputs(model, SHAPE)[0]

@@ -332,10 +332,12 @@ def test_linvit_mm_import_paths_resolve(doc):
 def test_readme_is_a_front_door():
     text = README.read_text()
     assert len(text.splitlines()) <= 250
-    # the suite's command, exactly as CI runs it, and the environment's set-up
+    # the suite's commands, as CI runs them, and the environment's set-up
     ci = (REPO / '.ci' / 'run').read_text()
     for command in ('.venv/bin/python -m pytest tests', 'bash tools/setup_env.sh'):
         assert command in ci and command in text, command
+    assert '-m "not slow"' in text and '-m slow' in text
+    assert 'for selection in "not slow" "slow"' in ci
 
 
 def quick_start_configs():

@@ -6,6 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# every test here runs whole tools or trainings (seconds each on 2 cores)
+pytestmark = pytest.mark.slow
+
 DEMO = Path(__file__).resolve().parents[2] / 'configs' / 'demo'
 CONFIG = DEMO / 'linvit-relu-mini_mlpcopy-distill_1xb24_mini-groups.py'
 MINI_ARCH = dict(embed_dims=96, num_layers=4, num_heads=3, feedforward_channels=384)

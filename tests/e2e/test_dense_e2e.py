@@ -5,6 +5,9 @@ from pathlib import Path
 
 import pytest
 
+# every test here runs whole tools or trainings (seconds each on 2 cores)
+pytestmark = pytest.mark.slow
+
 DEMO = Path(__file__).resolve().parents[2] / 'configs' / 'demo'
 # one operator with a class token and one without (MHLA: fixed block count, padded grids)
 OPERATORS = ['relu', 'mhla']

@@ -14,6 +14,9 @@ from mmengine.config import Config
 
 from linvit_mm.models import LinearViT, LinearViTAdapter
 
+# every test here runs whole tools or trainings (seconds each on 2 cores)
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 FSDP_BASE = REPO / 'configs/classification/fsdp/_base_/fsdp_32xb128_in1k.py'
 FSDP_LEAF = (REPO / 'configs/classification/fsdp/'

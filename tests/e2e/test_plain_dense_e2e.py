@@ -15,6 +15,9 @@ from mmengine.config import Config
 
 from linvit_mm.models import LinearViT, LinearViTPlainPyramid
 
+# every test here runs whole tools or trainings (seconds each on 2 cores)
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / 'configs' / 'demo'
 ARCH = dict(embed_dims=64, num_layers=12, num_heads=2, feedforward_channels=128)

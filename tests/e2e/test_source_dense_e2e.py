@@ -14,6 +14,9 @@ import torch
 
 from linvit_mm.models import LinearViT
 
+# every test here runs whole tools or trainings (seconds each on 2 cores)
+pytestmark = pytest.mark.slow
+
 DEMO = Path(__file__).resolve().parents[2] / 'configs' / 'demo'
 WORD = 'dinov2-small'
 # Four blocks: one ViT-Adapter interaction each. Width 48 in 3 heads (the adapter's

@@ -9,6 +9,9 @@ import torch
 
 from linvit_mm.testing.staged import write_softmax_teacher
 
+# every test here runs whole tools or trainings (seconds each on 2 cores)
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / 'configs' / 'demo'
 ALIGN_ATTN = DEMO / 'linvit-relu-mini_align-attn_1xb24_mini-groups.py'

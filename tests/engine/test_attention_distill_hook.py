@@ -286,6 +286,7 @@ def test_bad_arguments_are_refused_at_construction(teacher_ckpt, kwargs, error, 
         AttentionDistillHook(teacher=teacher_cfg(teacher_ckpt), **kwargs)
 
 
+@pytest.mark.slow
 def test_dist_train_with_the_hook_logs_loss_distill(tmp_path, mini_data_root, teacher_ckpt):
     root = mini_data_root / 'imagenet'
     options = [f'{loader}.dataset.data_root={root}'

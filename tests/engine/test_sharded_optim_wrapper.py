@@ -41,6 +41,7 @@ def clip_on_rank(rank, world, port, results):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_clipping_of_shards_is_clipping_of_the_whole_model():
     """Two processes with half of each gradient take the same step as one with all of it."""
     with socket.socket() as sock:

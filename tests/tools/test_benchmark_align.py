@@ -31,6 +31,7 @@ def restore_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_benchmark_align_measures_both_steps_and_their_memory(tmp_path, capsys):
     out = tmp_path / 'align.json'
     result = bench.main([*TINY, '--iters', '3', '--warmup', '1', '--json', str(out)])

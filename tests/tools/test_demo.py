@@ -66,6 +66,7 @@ def test_source_defaults_and_work_dirs(demo):
 
 
 # ----------------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_transfer_stage_end_to_end(demo, monkeypatch, tmp_path, in_process_run_tool):
     """A staged recipe (alignment, then fine-tuning on its checkpoint) x two seeds, a few steps
     each: per-seed results, their summary, table and chart, and seeds that train different
@@ -95,6 +96,7 @@ def test_transfer_stage_end_to_end(demo, monkeypatch, tmp_path, in_process_run_t
     assert not torch.equal(*heads)
 
 
+@pytest.mark.slow
 def test_dinov2_transfer_end_to_end(demo, monkeypatch, tmp_path, in_process_run_tool):
     """--source dinov2 through the classification stages: the teacher and a distilled student
     trained from the configs it writes, both with DINOv2's registers and 14-pixel patches."""

@@ -43,6 +43,7 @@ def checkpoint(tmp_path_factory):
     return path, model
 
 
+@pytest.mark.slow
 def test_onnx_of_the_classifier_with_checkpoint_any_size(tool, checkpoint, tmp_path, capsys):
     path, trained = checkpoint
     out = tmp_path / 'tiny.onnx'

@@ -107,6 +107,7 @@ def test_refused_names_say_what_is_wrong(make_config, name, message):
         make_config.render(name)
 
 
+@pytest.mark.slow
 def test_cli_refuses_before_writing_anything(tmp_path):
     result = subprocess.run(
         [sys.executable, str(SCRIPT), 'linvit-relu-tiny_copy_32xb128_in1k',
@@ -117,6 +118,7 @@ def test_cli_refuses_before_writing_anything(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_cli_keeps_a_config_that_exists_with_other_contents(tmp_path):
     mine = tmp_path / 'linvit-relu-tiny_copy_32xb128_in1k.py'
     mine.write_text('# my own\n')

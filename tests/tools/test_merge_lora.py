@@ -15,6 +15,9 @@ import linvit_mm.models  # noqa: F401
 from linvit_mm.staged import RECORD_KEY, load_linear_vit_checkpoint, lora_record
 from linvit_mm.testing.staged import tiny_vit_cfg, write_recorded_checkpoint
 
+# every test here runs whole tools or trainings (seconds each on 2 cores)
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / 'tools' / 'model_converters' / 'merge_lora.py'
 

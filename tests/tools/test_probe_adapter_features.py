@@ -115,6 +115,7 @@ def test_bad_options_are_refused(bad):
         probe.parse_args([str(DET_CONFIG), *bad])
 
 
+@pytest.mark.slow
 def test_the_probe_finds_the_class_in_a_conv_stem_on_a_demo_sized_set(tmp_path):
     """A random convolutional stem keeps the shapes' outlines, which a linear probe reads
     (88-89 % over seeds 0-2 on the demo's set, chance 29 %): the probe is not blind."""

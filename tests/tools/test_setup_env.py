@@ -107,6 +107,7 @@ def test_stamps_change_with_requirements(tmp_path, monkeypatch):
     assert setup_env.sha256_of(req) != first
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (REPO / '.venv' / '.linvit_stamps').is_dir(),
                     reason='needs the environment built by tools/setup_env.sh')
 def test_second_run_reuses_the_environment():

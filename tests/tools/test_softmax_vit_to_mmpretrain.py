@@ -39,6 +39,7 @@ def deit_file(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_converter_cli_round_trip(deit_file, tmp_path):
     from mmpretrain.models.backbones import VisionTransformer
     dst = tmp_path / 'out' / 'deit_mmpretrain.pth'

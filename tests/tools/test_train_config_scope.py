@@ -56,6 +56,7 @@ def test_a_linvit_mm_base_trains_without_scope_warnings(tmp_path, mini_data_root
     assert scope_warnings(log) == []
 
 
+@pytest.mark.slow
 def test_a_scope_whose_package_is_missing_still_warns(tmp_path, mini_data_root):
     if importlib.util.find_spec('mmpose') is not None:
         pytest.skip('mmpose is installed here; the test needs a package that is not')

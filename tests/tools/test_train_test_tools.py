@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# every test here runs whole tools or trainings (seconds each on 2 cores)
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / 'tests' / 'data' / 'configs' / 'tiny_cls_mini.py'
 

@@ -19,6 +19,7 @@ def test_relu_mac_bound_per_block_and_backbone(size, tokens, block_bound, backbo
     assert backbone.mac_bound('relu', size, 'small') == pytest.approx(backbone_bound, abs=.002)
 
 
+@pytest.mark.slow
 def test_memory_probe_counts_the_step_not_the_process():
     # A fresh process with torch and mmpretrain loaded holds hundreds of MiB; the step of a
     # 2-layer, 64-wide model on 1024 tokens needs a few MiB (qkv alone: 1024 x 192 x 4 B x 2

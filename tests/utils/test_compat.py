@@ -58,6 +58,7 @@ def run_python(code, cwd):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_only_a_process_that_imported_linvit_mm_resolves_its_paths(tmp_path):
     """mmengine has no way to discover a package's configs by itself: parsing a
     ``linvit_mm::`` path before ``import linvit_mm`` is refused (the README says so)."""

@@ -95,6 +95,7 @@ def run_dir(tmp_path):
     return run_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('stall_at, name', [
     ('write', 'iter_3.pth'),   # a new checkpoint, killed with half its bytes written
     ('write', 'iter_2.pth'),   # an existing one being overwritten (a resumed run)
@@ -110,6 +111,7 @@ def test_killed_save_leaves_only_complete_checkpoints(run_dir, tmp_path, stall_a
     assert leftovers[0].endswith('.tmp')
 
 
+@pytest.mark.slow
 def test_the_kill_lands_mid_write(run_dir, tmp_path):
     """The same kill with mmengine's own local backend leaves a truncated checkpoint."""
     kill_while_saving(run_dir / 'iter_3.pth', 'local', 'write', tmp_path)
@@ -145,6 +147,7 @@ def test_a_failed_write_removes_its_temporary_file(tmp_path, monkeypatch):
     assert (tmp_path / 'iter_1.pth').read_bytes() == b'old'
 
 
+@pytest.mark.slow
 def test_runner_saves_prunes_and_resumes_through_it(tmp_path, mini_data_root):
     def cfg(max_iters):
         cfg = Config.fromfile(str(TINY_CONFIG))
