@@ -533,3 +533,52 @@ def test_bad_grid_is_rejected(form, tokens):
         run(tokens((4, 4), 0, dtype=torch.float32), (5, 4))
     with pytest.raises(ValueError, match='at least 1x1'):
         run(tokens((1, 1), 0, dtype=torch.float32)[:, :0], (0, 3))
+
+
+# ------------------------------------------------------------ survivors of the mutation run
+@pytest.mark.parametrize('hw', [(4, 6), (5, 6), (4, 7), (5, 7), (1, 1)], ids=grid_id)
+def test_oracle_refuses_exactly_the_grids_the_fixed_layout_refuses(hw):
+    # non-square blocks, so a swapped block side is visible; one side over at a time
+    module = make(num_blocks=(2, 2), block_size=(2, 3))
+    fits = hw[0] <= 4 and hw[1] <= 6
+    x = torch.randn(1, hw[0] * hw[1], EMBED_DIMS, dtype=torch.float64)
+    for form in (module.block_layout, lambda hw: module.forward_reference(x, hw)):
+        if fits:
+            form(hw)
+        else:
+            with pytest.raises(ValueError, match='does not fit the fixed layout'):
+                form(hw)
+
+
+@pytest.mark.parametrize('hw', [(3, 0), (0, 3)], ids=grid_id)
+def test_both_forms_refuse_an_empty_side(hw):
+    module = make()
+    x = torch.randn(1, 1, EMBED_DIMS, dtype=torch.float64)
+    for form in (module.forward, module.forward_reference):
+        with pytest.raises(ValueError, match='at least 1x1'):
+            form(x, hw)
+
+
+def test_reference_tables_default_to_no_extra_tokens():
+    module = make()
+    assert module.reference_mixing_weights((2, 3)).shape == (6, 6)
+    assert module.reference_partners((2, 3)).shape == (6, 6)
+
+
+def test_oracle_rms_norm_adds_its_eps():
+    # a large eps on small queries and keys: subtracting it would take a negative root
+    module = make(qk_norm=True)
+    for norm in (module.q_norm, module.k_norm):
+        norm.eps = 1.
+    x = 0.01 * torch.randn(2, 12, EMBED_DIMS, dtype=torch.float64)
+    assert_rel_close(module(x, (3, 4)), module.forward_reference(x, (3, 4)), 1e-9)
+
+
+@pytest.mark.parametrize('normaliser, mixing', [('consistent', 4**2 * 8 * 5),
+                                                ('official', 4**2 * 8 * 4 + 4 * 24 * 2)])
+def test_core_macs_by_hand_on_a_non_square_grid(normaliser, mixing):
+    # C = 8, 2 heads of d = 4; a 3x5 grid in 2x2 blocks of 2x3: 24 padded patches, 1 extra
+    module = make(embed_dims=8, num_heads=2, normaliser=normaliser)
+    padded = 1 + 24
+    expected = 2 * padded * 8 * 4 + 2 * padded * 8 + mixing
+    assert module.core_macs(16, (3, 5)) == expected
