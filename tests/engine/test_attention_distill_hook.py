@@ -247,6 +247,11 @@ def test_bad_configuration_is_refused(teacher_ckpt):
         AttentionDistillHook(teacher=teacher_cfg(teacher_ckpt), target='logits')
     with pytest.raises(TypeError, match='model config dict'):
         AttentionDistillHook(teacher='deit_small.pth')
+    # a dict is not enough: the registry needs its type
+    untyped = teacher_cfg(teacher_ckpt)
+    untyped.pop('type')
+    with pytest.raises(TypeError, match='model config dict with a type'):
+        AttentionDistillHook(teacher=untyped)
 
 
 @pytest.mark.parametrize('loss_weight, error, message', [
@@ -542,6 +547,17 @@ def test_stop_iter_switches_the_loss_off_from_that_iteration(peaked_teacher, cou
     assert ('loss_distill' in losses) == distilling
 
 
+@pytest.mark.parametrize('stop', ['stop_iter', 'stop_epoch'])
+def test_stopping_at_zero_means_no_distillation_at_all(peaked_teacher, stop):
+    model = classifier('relu')
+    hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher), **{stop: 0})
+    assert getattr(hook, stop) == 0
+    runner = fake_runner(model)
+    hook.before_train(runner)
+    hook.before_train_iter(runner, 0)
+    assert 'loss_distill' not in model(*batch(), mode='loss')
+
+
 def test_stop_epoch_switches_the_loss_off_from_that_epoch(peaked_teacher):
     model = classifier('relu')
     hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher), stop_epoch=1)
@@ -704,6 +720,45 @@ def test_nothing_recorded_outlives_its_iteration(peaked_teacher, target):
     hook, *_ = distil_once('relu', peaked_teacher, target=target)
     for recorder in (hook._student_rec, hook._teacher_rec):
         assert not recorder.active and not recorder.outputs and not recorder.maps
+
+
+def test_an_iteration_without_a_loss_forward_leaves_no_recorder_running(peaked_teacher):
+    """A training forward that asks for no loss (``mode='tensor'``, e.g. a hook reading
+    features) starts the recorders but never reaches the loss; the iteration's end stops them,
+    so a later forward outside training records nothing."""
+    model = classifier('relu')
+    hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher))
+    runner = fake_runner(model)
+    hook.before_train(runner)
+    hook.before_train_iter(runner, 0)
+    model(batch()[0], mode='tensor')
+    assert hook._student_rec.active
+    hook.after_train_iter(runner, 0)
+    assert not hook._student_rec.active and not hook._teacher_rec.active
+    model.eval()
+    with torch.no_grad():
+        model(batch()[0], mode='tensor')
+    assert not hook._student_rec.outputs and not hook._teacher_rec.outputs
+
+
+def test_the_teacher_is_back_in_eval_mode_at_every_iteration(peaked_teacher):
+    """Something that switches every module to training (a user's hook calling
+    ``.train()`` on what it finds) must not leave the teacher's dropout and drop-path on."""
+    model = classifier('relu')
+    hook = AttentionDistillHook(teacher=peaked_teacher_cfg(peaked_teacher))
+    runner = fake_runner(model)
+    hook.before_train(runner)
+    hook.teacher.train()
+    hook.before_train_iter(runner, 0)
+    assert not any(module.training for module in hook.teacher.modules())
+
+
+def test_the_set_up_is_reported_at_info(teacher_ckpt):
+    hook, records = set_up('relu', teacher_cfg(teacher_ckpt), loss_weight=7.5)
+    reports = [r.getMessage() for r in records
+               if r.levelno == logging.INFO and r.getMessage().startswith('AttentionDistillHook')]
+    assert reports == ['AttentionDistillHook: output distillation of blocks [0, 1] from a frozen '
+                       'LinearViT teacher, loss_weight=7.5, patch_tokens_only=False']
 
 
 # ----------------------------------------------------------- what the loss path refuses

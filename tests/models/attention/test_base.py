@@ -116,6 +116,27 @@ def test_an_operator_that_declares_no_trait_gets_the_documented_ones():
     assert (Plain.has_map, Plain.uses_cls_token, Plain.supports_attn_drop) == (False, True, False)
 
 
+def test_an_operator_that_passes_no_switch_gets_the_documented_defaults():
+    """``BaseAttention(embed_dims, num_heads)``: no attention dropout (which an operator
+    without the N x N map must refuse), no output dropout, no LayerScale. (``qkv_bias`` is
+    each operator's own: the base builds no ``qkv``; every built-in operator's default is
+    pinned in its own file.)"""
+    class Plain(BaseAttention):
+        def forward(self, x, hw_shape):
+            return x
+
+        forward_reference = forward
+
+        def core_macs(self, num_tokens, hw_shape):
+            return 0
+
+    attn = Plain(24, 3).train()
+    assert attn.attn_drop == 0 and attn.proj_drop.p == 0
+    assert isinstance(attn.gamma1, nn.Identity)
+    x = torch.randn(2, 5, 24)
+    torch.testing.assert_close(attn.gamma1(attn.proj_drop(x)), x, rtol=0, atol=0)
+
+
 def test_third_party_operator_builds_into_a_linear_vit(assert_matches_reference, tokens):
     try:
         register_attention('myop')(MeanValueAttention)
