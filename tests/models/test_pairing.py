@@ -174,6 +174,16 @@ def test_token_layout(overrides, layout, extra, text):
     assert pairing.token_layout(torch.nn.Sequential(model)) == layout
 
 
+def test_token_layout_of_a_module_that_declares_no_registers():
+    class Backbone(torch.nn.Module):
+        with_cls_token = True
+
+    assert pairing.token_layout(Backbone()) == TokenLayout(True, 0)
+    Backbone.num_register_tokens = None
+    assert pairing.token_layout(Backbone()) == TokenLayout(True, 0)
+    assert pairing.token_layout(torch.nn.Linear(2, 2)) is None
+
+
 CLS, NONE, REG = TokenLayout(True, 0), TokenLayout(False, 0), TokenLayout(False, 1)
 
 
@@ -210,7 +220,8 @@ def test_input_tokens_the_teachers_or_none(student, teacher_layout, fits):
 
 
 def test_align_tokens_cuts_the_leading_extra_tokens():
-    student = torch.arange(2 * 17 * 3, dtype=torch.float64).reshape(2, 17, 3)
+    # 20 channels, more than the 16 patches: a cut on the channel axis would show
+    student = torch.arange(2 * 17 * 20, dtype=torch.float64).reshape(2, 17, 20)
     teacher = -student
     same = pairing.align_tokens(student, teacher, 16, patch_only=False)
     assert same[0] is student and same[1] is teacher
@@ -229,6 +240,10 @@ def test_align_tokens_cuts_the_leading_extra_tokens():
 def test_loss_weight_accepted_as_float(value, positive):
     weight = pairing.check_loss_weight(value, positive=positive)
     assert weight == value and type(weight) is float
+
+
+def test_a_loss_weight_of_zero_is_accepted_unless_asked_otherwise():
+    assert pairing.check_loss_weight(0) == 0.
 
 
 @pytest.mark.parametrize('value, positive, error, message', [

@@ -34,8 +34,8 @@ def test_bad_extra_policies_are_refused(bench, text, capsys):
 def test_busy_neighbour_prints_every_policy_side_by_side(bench, monkeypatch, capsys):
     seen = {}
 
-    def fake_run(policies, steps, warmup, log=print):
-        seen.update(policies=policies, steps=steps, warmup=warmup)
+    def fake_run(policies, steps, warmup, log=print, rounds=1):
+        seen.update(policies=policies, steps=steps, warmup=warmup, rounds=rounds)
         rows = [dict(policy=label, neighbour=n, ms=10. if n == 'idle' else 20., threads=2,
                      wait_policy=env.get('OMP_WAIT_POLICY', '-'))
                 for label, env in policies.items() for n in ('idle', 'busy')]
@@ -43,18 +43,20 @@ def test_busy_neighbour_prints_every_policy_side_by_side(bench, monkeypatch, cap
 
     monkeypatch.setattr(bench, 'run_neighbour_benchmark', fake_run)
     rows = bench.main(['--busy-neighbour', '--neighbour-steps', '3', '--neighbour-warmup', '0',
-                       '--neighbour-policy', 'spin:GOMP_SPINCOUNT=1000'])
+                       '--neighbour-policy', 'spin:GOMP_SPINCOUNT=1000',
+                       '--neighbour-rounds', '2'])
     assert list(seen['policies']) == ['torch default', 'linvit_mm tools', '1 thread', 'spin']
     assert seen['policies']['spin']['GOMP_SPINCOUNT'] == '1000'
     assert 'OMP_WAIT_POLICY' not in seen['policies']['spin']
-    assert (seen['steps'], seen['warmup']) == (3, 0)
+    assert (seen['steps'], seen['warmup'], seen['rounds']) == (3, 0, 2)
     out = capsys.readouterr().out
     assert len(rows) == 8
     for label in seen['policies']:
         assert out.count(label) >= 2  # its idle and its busy row
 
 
-def test_neighbour_steps_must_be_positive(bench, capsys):
+@pytest.mark.parametrize('option', ['--neighbour-steps', '--neighbour-rounds'])
+def test_neighbour_steps_and_rounds_must_be_positive(bench, option, capsys):
     with pytest.raises(SystemExit):
-        bench.parse_args(['--busy-neighbour', '--neighbour-steps', '0'])
-    assert '--neighbour-steps must be >= 1' in capsys.readouterr().err
+        bench.parse_args(['--busy-neighbour', option, '0'])
+    assert '--neighbour-steps and --neighbour-rounds must be >= 1' in capsys.readouterr().err

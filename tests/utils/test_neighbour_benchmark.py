@@ -52,6 +52,40 @@ def test_each_policy_runs_idle_then_beside_the_neighbour():
         ('b', 'busy', 15., 'PASSIVE')]
 
 
+def test_rounds_interleave_the_sweep_and_report_each_rows_median():
+    calls, state = [], {'busy': False}
+
+    @contextmanager
+    def neighbour():
+        state['busy'] = True
+        yield
+        state['busy'] = False
+
+    # the machine drifts: every round is slower than the one before
+    def measure(env, steps, warmup, **step):
+        calls.append((env['name'], state['busy']))
+        drift = 1 + len(calls) // 4
+        base = {('a', False): 10., ('a', True): 40., ('b', False): 12., ('b', True): 15.}
+        return dict(ms=base[env['name'], state['busy']] * drift, threads=2)
+
+    policies = {'a': {'name': 'a'}, 'b': {'name': 'b'}}
+    rows = run_neighbour_benchmark(policies, steps=3, warmup=1, measure=measure,
+                                   neighbour=neighbour, log=lambda msg: None, rounds=3)
+    assert calls == [('a', False), ('a', True), ('b', False), ('b', True)] * 3
+    by_row = {(r['policy'], r['neighbour']): r for r in rows}
+    assert len(rows) == 4
+    # call i (counted from 1) runs at drift 1 + i // 4
+    assert by_row['a', 'idle']['rounds_ms'] == [10., 20., 30.]
+    assert by_row['a', 'idle']['ms'] == 20.
+    assert by_row['b', 'busy']['rounds_ms'] == [30., 45., 60.]
+    assert by_row['b', 'busy']['ms'] == 45.
+    assert by_row['b', 'idle']['x_idle'] == 1. and by_row['b', 'busy']['x_idle'] == 45. / 24.
+    table = format_neighbour_table(rows)
+    assert 'rounds: min-max ms' in table and '30.0-60.0' in table
+    with pytest.raises(ValueError, match='rounds must be >= 1, got 0'):
+        run_neighbour_benchmark(policies, measure=measure, neighbour=neighbour, rounds=0)
+
+
 def test_ratios_are_over_own_idle_one_thread_idle_and_the_default_beside_the_same():
     rows = [dict(policy=p, neighbour=n, ms=ms, threads=t, wait_policy='-')
             for p, n, ms, t in (('torch default', 'idle', 70., 2),

@@ -78,6 +78,7 @@ Busy neighbour (``--busy-neighbour``)
     default), under the one linvit_mm's tools choose (``linvit_mm.cpu_threads``) and with one
     thread, each idle and beside a single-threaded spinning process pinned to the last usable
     CPU; each run in a fresh interpreter, since libgomp reads its variables when torch loads.
+    ``--neighbour-rounds R`` repeats the sweep R times, interleaved, and reports medians.
 """
 # Declared before the first import: linvit_mm, imported first, then chooses this process's
 # CPU threading before torch loads (see linvit_mm/cpu_threads.py; the user's variables win).
@@ -222,11 +223,12 @@ def busy_neighbour_main(args):
         load = 'unknown'
     print(f'Busy-neighbour benchmark {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}: '
           f'{NEIGHBOUR_STEP}, mean of {args.neighbour_steps} steps after '
-          f'{args.neighbour_warmup}; usable CPUs {usable_cpus()} ({usable_cores()} cores), '
+          f'{args.neighbour_warmup}, median of {args.neighbour_rounds} round(s); usable CPUs {usable_cpus()} ({usable_cores()} cores), '
           f'neighbour pinned to CPU {max(usable_cpus())}; 1-minute load average at start '
           f'{load}; torch={torch.__version__}', flush=True)
     rows = run_neighbour_benchmark(policies, args.neighbour_steps, args.neighbour_warmup,
-                                   log=lambda msg: print(msg, flush=True))
+                                   log=lambda msg: print(msg, flush=True),
+                                   rounds=args.neighbour_rounds)
     print()
     print(format_neighbour_table(rows))
     print('\nx idle: over the same policy idle; x 1 thr: over one thread, idle; x default: '
@@ -285,6 +287,9 @@ def parse_args(argv=None):
                            type=parse_neighbour_policy, metavar='LABEL:VAR=VALUE[,VAR=VALUE]',
                            help='one more policy: the torch default environment plus these '
                                 'variables, e.g. spin1000:GOMP_SPINCOUNT=1000 (repeatable)')
+    neighbour.add_argument('--neighbour-rounds', type=int, default=1,
+                           help='repeat the whole sweep this many times, interleaved, and '
+                                'report each row\'s median (default 1)')
     args = parser.parse_args(argv)
     args.arch = parse_arch(args.arch)
     from linvit_mm.models.backbones.linear_vit import LinearViT
@@ -298,8 +303,9 @@ def parse_args(argv=None):
         parser.error(f'--operators: {err}')
     if args.repeats < 1 or args.warmup < 0:
         parser.error('--repeats must be >= 1 and --warmup >= 0')
-    if args.neighbour_steps < 1 or args.neighbour_warmup < 0:
-        parser.error('--neighbour-steps must be >= 1 and --neighbour-warmup >= 0')
+    if args.neighbour_steps < 1 or args.neighbour_warmup < 0 or args.neighbour_rounds < 1:
+        parser.error('--neighbour-steps and --neighbour-rounds must be >= 1 and '
+                     '--neighbour-warmup >= 0')
     if args.threads is None:
         # OMP_NUM_THREADS: the user's, or one per usable core (linvit_mm.cpu_threads)
         args.threads = torch.get_num_threads()

@@ -8,6 +8,7 @@ runs in the one process it times.
 """
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -105,24 +106,38 @@ def busy_neighbour(cpu=None):
 
 def run_neighbour_benchmark(policies=None, steps=NEIGHBOUR_STEPS, warmup=NEIGHBOUR_WARMUP,
                             measure=measure_in_subprocess, neighbour=busy_neighbour,
-                            log=print, **step):
+                            log=print, rounds=1, **step):
     """Each policy of ``policies`` (default :func:`neighbour_policies`) idle, then beside a
-    busy neighbour; one row per (policy, neighbour), ratios from :func:`neighbour_ratios`."""
+    busy neighbour; one row per (policy, neighbour), ratios from :func:`neighbour_ratios`.
+
+    ``rounds`` > 1 repeats the whole sweep that many times, so that every policy is measured
+    in every stretch of the machine's drift, and a row's ``ms`` is the median of its rounds
+    (``rounds_ms`` lists them): a small step's 30-step mean drifts by about 10 % from one
+    minute to the next here, more than the differences between policies being compared.
+    """
+    if rounds < 1:
+        raise ValueError(f'rounds must be >= 1, got {rounds}')
     policies = neighbour_policies() if policies is None else policies
-    rows = []
-    for label, env in policies.items():
-        for busy in (False, True):
-            if busy:
-                with neighbour():
+    rows = {}
+    for round_index in range(rounds):
+        for label, env in policies.items():
+            for busy in (False, True):
+                if busy:
+                    with neighbour():
+                        result = measure(env, steps, warmup, **step)
+                else:
                     result = measure(env, steps, warmup, **step)
-            else:
-                result = measure(env, steps, warmup, **step)
-            rows.append(dict(policy=label, neighbour='busy' if busy else 'idle',
-                             threads=result['threads'], ms=result['ms'],
-                             wait_policy=env.get('OMP_WAIT_POLICY', '-')))
-            log(f'  {label:16s} {rows[-1]["neighbour"]:4s} {result["threads"]} threads '
-                f'{result["ms"]:8.1f} ms/step')
-    return neighbour_ratios(rows)
+                where = 'busy' if busy else 'idle'
+                row = rows.setdefault((label, where), dict(
+                    policy=label, neighbour=where, threads=result['threads'], rounds_ms=[],
+                    wait_policy=env.get('OMP_WAIT_POLICY', '-')))
+                row['rounds_ms'].append(result['ms'])
+                log(f'  {f"round {round_index + 1}/{rounds} " if rounds > 1 else ""}'
+                    f'{label:16s} {where:4s} {result["threads"]} threads '
+                    f'{result["ms"]:8.1f} ms/step')
+    for row in rows.values():
+        row['ms'] = statistics.median(row['rounds_ms'])
+    return neighbour_ratios(list(rows.values()))
 
 
 def neighbour_ratios(rows, reference=('1 thread', 'idle'), baseline='torch default'):
@@ -144,11 +159,18 @@ def format_neighbour_table(rows):
     def ratio(value):
         return f'{value:9.2f}x' if value is not None else f'{"-":>10s}'
 
+    # with several rounds: the median's row also shows the rounds' range
+    spread = any(len(row.get('rounds_ms', ())) > 1 for row in rows)
     head = (f'{"policy":16s} {"neighbour":9s} {"threads":>7s} {"OMP_WAIT_POLICY":>15s} '
-            f'{"ms/step":>9s} {"x idle":>10s} {"x 1 thr":>10s} {"x default":>10s}')
+            f'{"ms/step":>9s} {"x idle":>10s} {"x 1 thr":>10s} {"x default":>10s}'
+            + (f' {"rounds: min-max ms":>20s}' if spread else ''))
     lines = [head, '-' * len(head)]
     for row in rows:
-        lines.append(f'{row["policy"]:16s} {row["neighbour"]:9s} {row["threads"]:7d} '
-                     f'{row["wait_policy"]:>15s} {row["ms"]:9.1f} {ratio(row["x_idle"])} '
-                     f'{ratio(row["x_ref"])} {ratio(row["x_baseline"])}')
+        line = (f'{row["policy"]:16s} {row["neighbour"]:9s} {row["threads"]:7d} '
+                f'{row["wait_policy"]:>15s} {row["ms"]:9.1f} {ratio(row["x_idle"])} '
+                f'{ratio(row["x_ref"])} {ratio(row["x_baseline"])}')
+        if spread:
+            samples = row.get('rounds_ms') or [row['ms']]
+            line += f' {f"{min(samples):.1f}-{max(samples):.1f}":>20s}'
+        lines.append(line)
     return '\n'.join(lines)

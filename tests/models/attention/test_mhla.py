@@ -64,12 +64,16 @@ def assert_every_parameter_learns(grads):
 GRIDS = [(14, 14), (7, 9), (5, 3), (3, 1), (1, 1)]
 
 
+@pytest.mark.parametrize('normaliser', ['consistent', 'official'])
 @pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
 @pytest.mark.parametrize('hw', GRIDS, ids=grid_id)
-def test_fast_matches_reference(hw, num_extra, device, tokens, assert_matches_reference):
+def test_fast_matches_reference(hw, num_extra, normaliser, device, tokens,
+                                assert_matches_reference):
     """Output and the gradients of the input and of every parameter, in float64. MHLA
-    models carry no class token; the operator accepts one (global), so both are checked."""
-    module = make(device=device)
+    models carry no class token; the operator accepts one (global), so both are checked.
+    The grids smaller than the layout give blocks of one patch (a size-1 axis that a
+    squeeze too many would drop)."""
+    module = make(device=device, normaliser=normaliser)
     x = tokens(hw, num_extra, device=device)
     assert_every_parameter_learns(assert_matches_reference(module, x, hw))
 
@@ -481,6 +485,20 @@ def test_bf16_autocast_long_sequence_finite(tokens, autocast_output):
     assert out.dtype == torch.bfloat16
     assert torch.isfinite(out).all()
     assert rel_error(out, exact) < 3e-2
+
+
+@pytest.mark.parametrize('normaliser', ['consistent', 'official'])
+def test_float32_forms_compute_in_float32(normaliser, tokens):
+    """Without autocast, float32 in: both forms agree with the float64 oracle to float32
+    precision (a bfloat16 step anywhere inside would cost about 1e-2)."""
+    module = make(dtype=torch.float32, normaliser=normaliser)
+    hw = (7, 9)
+    x = tokens(hw, 1, dtype=torch.float32)
+    with torch.no_grad():
+        fast, ref = module(x, hw), module.forward_reference(x, hw)
+        exact = module.double().forward_reference(x.double(), hw)
+    assert fast.dtype == ref.dtype == torch.float32
+    assert rel_error(fast, exact) < 1e-5 and rel_error(ref, exact) < 1e-5
 
 
 def test_state_is_float32_for_half_inputs(tokens):

@@ -125,6 +125,19 @@ def test_oracle_convolution_is_conv2d(hw):
     assert torch.equal(naive_depthwise3x3(x, corner, hw), shifted.flatten(2).transpose(1, 2))
 
 
+def test_float32_forms_compute_in_float32(tokens, make_ttt):
+    """Without autocast, float32 in: both forms agree with the float64 oracle to float32
+    precision (a bfloat16 step anywhere inside would cost about 1e-2)."""
+    module = make_ttt(dtype=torch.float32, rope=ROPES['eva'])
+    hw = (5, 3)
+    x = tokens(hw, 1, dtype=torch.float32)
+    with torch.no_grad():
+        fast, ref = module(x, hw), module.forward_reference(x, hw)
+        exact = module.double().forward_reference(x.double(), hw)
+    assert fast.dtype == ref.dtype == torch.float32
+    assert rel_error(fast, exact) < 1e-5 and rel_error(ref, exact) < 1e-5
+
+
 def test_reference_runs_under_bf16_autocast(tokens, make_ttt):
     module = make_ttt(dtype=torch.float32, rope=ROPES['eva'])
     hw = (5, 3)
@@ -260,14 +273,26 @@ def test_position_encoding_is_a_residual_depthwise_conv(kernel_path, num_extra, 
     with torch.no_grad():
         encoded = module.encode_position(x, hw)
         grid = x[:, num_extra:].transpose(1, 2).reshape(B, C, *hw)
-        conv = F.conv2d(grid, module.cpe.weight, module.cpe.bias, padding=1, groups=C)
+        # the module's own conv, as a converted ViT^3 checkpoint's cpe runs it
+        conv = module.cpe(grid)
         assert_rel_close(encoded[:, num_extra:], x[:, num_extra:] + conv.flatten(2).transpose(1, 2),
                          1e-13, 'patch tokens')
         # an extra token is a 1 x 1 image of its own
         alone = x[:, :num_extra].transpose(1, 2).reshape(B * num_extra, C, 1, 1)
-        conv = F.conv2d(alone, module.cpe.weight, module.cpe.bias, padding=1, groups=C)
+        conv = module.cpe(alone)
         assert_rel_close(encoded[:, :num_extra], x[:, :num_extra] + conv.reshape(B, num_extra, C),
                          1e-13, 'extra tokens')
+
+
+@pytest.mark.parametrize('num_extra', [0, 1, 2])
+def test_core_macs_by_hand(num_extra, make_ttt):
+    """C 24, 3 heads of 8, a 5 x 3 grid: qkv-side products 6 N C d, the two head-wise
+    d x d products, 18 per patch and channel for the conv branch, the centre tap of each
+    extra token, the kernel norms."""
+    module = make_ttt(spread=0)
+    N = 15 + num_extra
+    expected = 6 * N * 24 * 8 + 2 * 3 * 8 * 8 + 18 * 15 * 8 + num_extra * 8 + 9 * 8
+    assert module.core_macs(N, (5, 3)) == expected
 
 
 def test_memory_is_linear_in_tokens(tokens, recorded_ops, make_ttt):
