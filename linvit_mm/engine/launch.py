@@ -23,6 +23,9 @@ ATOMIC_CHECKPOINTS = dict(backend='atomic_local')
 RECORD_HOOK_KEY = 'record_model'
 RECORD_HOOK = dict(type='ModelRecordHook')
 RECORD_HOOK_TYPES = ('ModelRecordHook', 'StagedRecordHook')
+# Fewer intra-op threads while other processes hold cores (linvit_mm.cpu_threads).
+CPU_THREAD_HOOK_KEY = 'cpu_threads'
+CPU_THREAD_HOOK = dict(type='CPUThreadHook')
 
 def _replace_sync_bn(node):
     """SyncBN needs CUDA (under gloo it raises); on CPU the same config runs with BN."""
@@ -43,11 +46,13 @@ def configure_device(cfg, launcher):
     group created before the Runner (mmengine's own init calls
     ``torch.cuda.set_device``) and a DDP wrapper without ``device_ids`` (mmengine
     passes the local rank, which CPU modules reject); for a ``FlexibleRunner``, its
-    FSDP strategy's wrapper on ``device_id='cpu'`` (DDP's without ``device_ids``).
+    FSDP strategy's wrapper on ``device_id='cpu'`` (DDP's without ``device_ids``); and
+    :func:`add_cpu_thread_hook`.
     """
     notes = []
     if torch.cuda.is_available():
         return notes
+    notes.extend(add_cpu_thread_hook(cfg))
     if 'model' in cfg:
         before = str(cfg.model)
         _replace_sync_bn(cfg.model)
@@ -70,6 +75,28 @@ def configure_device(cfg, launcher):
         raise RuntimeError(f'--launcher {launcher} needs CUDA; on a CPU machine use '
                            f'--launcher pytorch (torchrun, gloo)')
     return notes
+
+
+def add_cpu_thread_hook(cfg, environ=None):
+    """``default_hooks.cpu_threads = dict(type='CPUThreadHook')`` when the tool chose the
+    intra-op thread count itself (:func:`linvit_mm.cpu_threads.threads_are_automatic`), the
+    config lists no ``CPUThreadHook`` and does not switch it off
+    (``default_hooks.cpu_threads = None``); returns a note for the log, or nothing."""
+    from linvit_mm.cpu_threads import threads_are_automatic
+    from .hooks import cpu_thread_hook  # noqa: F401  registers the hook the entry names
+    if not threads_are_automatic(environ):
+        return []
+    default_hooks = cfg.get('default_hooks') or {}
+    if CPU_THREAD_HOOK_KEY in default_hooks:  # the config's own entry, or None: off
+        return []
+    hooks = [h for h in [*default_hooks.values(), *(cfg.get('custom_hooks') or [])] if h]
+    if any(_hook_type_name(h) == CPU_THREAD_HOOK['type'] for h in hooks):
+        return []
+    if cfg.get('default_hooks') is None:
+        cfg.default_hooks = dict()
+    cfg.default_hooks[CPU_THREAD_HOOK_KEY] = dict(CPU_THREAD_HOOK)
+    return [f'added default_hooks.{CPU_THREAD_HOOK_KEY}={CPU_THREAD_HOOK}: fewer intra-op '
+            f'threads while other processes hold some of the cores']
 
 
 def _cpu_strategy(strategy):

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from linvit_mm.cpu_threads import TOOL_MARKER, WAIT_POLICY, usable_cores
+from linvit_mm.cpu_threads import TOOL_MARKER, usable_cores
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = ['tools/train.py', 'tools/test.py', 'tools/demo.py'] + sorted(
     str(path.relative_to(REPO)) for path in (REPO / 'tools/analysis_tools').glob('benchmark_*.py'))
 NAMES = ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT', 'KMP_BLOCKTIME', 'OMP_NUM_THREADS',
-         'MKL_NUM_THREADS')
+         'MKL_NUM_THREADS', 'LINVIT_MM_AUTO_THREADS')
 USER = {'OMP_WAIT_POLICY': 'ACTIVE', 'OMP_NUM_THREADS': '1'}
 
 STOP_AT_TORCH = '''
@@ -80,7 +80,9 @@ def test_the_marker_precedes_every_import(tool):
 @pytest.mark.parametrize('tool', TOOLS, ids=tool_id)
 def test_unset_variables_are_chosen_before_torch_loads(tool):
     report = run_tool_until_torch(tool, {})
-    chosen = {'OMP_WAIT_POLICY': WAIT_POLICY, 'OMP_NUM_THREADS': str(usable_cores())}
+    # the thread count and its marker only: how idle threads wait stays libgomp's default
+    chosen = {'OMP_NUM_THREADS': str(usable_cores()),
+              'LINVIT_MM_AUTO_THREADS': str(usable_cores())}
     assert report['torch_loaded'] is False
     assert report['configured'] == chosen
     assert report['env'] == dict(dict.fromkeys(NAMES), **chosen)

@@ -96,6 +96,14 @@ def test_train_adds_the_safeguards_the_config_lacks(trained_run):
     assert not [p.name for p in work_dir.iterdir() if p.name.endswith('.tmp')]
 
 
+def test_train_sizes_its_threads_to_the_free_cores_unless_the_user_chose(trained_run):
+    _, log = trained_run
+    users = any(name in os.environ for name in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS'))
+    assert ("added default_hooks.cpu_threads={'type': 'CPUThreadHook'}" in log) is not users
+    if not users:
+        assert 'CPUThreadHook: ' in log and 'intra-op threads, fewer while other processes' in log
+
+
 def test_diverging_run_fails_before_saving_its_nan_weights(mini_data_root, tmp_path):
     # lr 1e30: the first step puts the weights near 1e30, the second forward overflows.
     log = train(tmp_path, mini_data_root, '--no-validate', returncode=1,

@@ -11,14 +11,14 @@ from linvit_mm.utils.benchmark import (busy_neighbour, format_neighbour_table,
                                        run_neighbour_benchmark)
 
 USER = {'OMP_WAIT_POLICY': 'ACTIVE', 'GOMP_SPINCOUNT': '5', 'OMP_NUM_THREADS': '7',
-        'MKL_NUM_THREADS': '7', 'PATH': '/bin'}
+        'MKL_NUM_THREADS': '7', 'LINVIT_MM_AUTO_THREADS': '7', 'PATH': '/bin'}
 
 
 def test_policies_start_from_the_plain_environment_whatever_the_user_set():
     policies = neighbour_policies(USER)
     assert policies['torch default'] == {'PATH': '/bin'}
-    assert policies['linvit_mm tools']['OMP_WAIT_POLICY'] == 'PASSIVE'
-    assert policies['linvit_mm tools']['OMP_NUM_THREADS'] == str(bench_cores())
+    assert policies['linvit_mm tools'] == {'PATH': '/bin', 'OMP_NUM_THREADS': str(bench_cores()),
+                                           'LINVIT_MM_AUTO_THREADS': str(bench_cores())}
     assert policies['1 thread'] == {'PATH': '/bin', 'OMP_NUM_THREADS': '1'}
 
 
@@ -138,3 +138,24 @@ def test_the_timed_step_trains_and_reports_each_timed_step():
     assert len(result['samples_ms']) == 2 and all(ms > 0 for ms in result['samples_ms'])
     assert result['ms'] == pytest.approx(sum(result['samples_ms']) / 2)
     assert result['threads'] == torch.get_num_threads()
+
+
+def test_the_timed_step_polls_the_tools_governor_before_every_step(monkeypatch):
+    from linvit_mm import cpu_threads
+
+    class Governor:
+        polls, changes = 0, 3
+
+        def poll(self):
+            Governor.polls += 1
+
+    monkeypatch.setattr(cpu_threads, 'tool_thread_governor', lambda: Governor())
+    result = bench.time_neighbour_step(
+        steps=2, warmup=1, batch_size=2,
+        arch=dict(embed_dims=12, num_layers=1, num_heads=2, feedforward_channels=24))
+    assert Governor.polls == 3 and result['thread_changes'] == 3
+    monkeypatch.setattr(cpu_threads, 'tool_thread_governor', lambda: None)
+    assert bench.time_neighbour_step(
+        steps=1, warmup=0, batch_size=2,
+        arch=dict(embed_dims=12, num_layers=1, num_heads=2,
+                  feedforward_channels=24))['thread_changes'] == 0

@@ -1,6 +1,7 @@
 from .attention_distill_hook import AttentionDistillHook
+from .cpu_thread_hook import CPUThreadHook
 from .finite_loss_hook import FiniteLossHook
 from .lora_targets_hook import LoRATargetsHook
 from .staged_record_hook import StagedRecordHook
 
-__all__ = ['AttentionDistillHook', 'FiniteLossHook', 'LoRATargetsHook', 'StagedRecordHook']
+__all__ = ['AttentionDistillHook', 'CPUThreadHook', 'FiniteLossHook', 'LoRATargetsHook', 'StagedRecordHook']

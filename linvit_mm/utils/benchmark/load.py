@@ -2,45 +2,41 @@
 import os
 import time
 
+from linvit_mm.cpu_threads import read_cpu_busy_seconds, read_own_cpu_seconds, usable_cpus
+
 
 class BackgroundLoad:
     """CPU cores other processes kept busy, on average, between ``start`` and ``stop``.
 
-    Busy time of the whole machine (``/proc/stat``) minus this process's own CPU time
-    (all its threads, and its finished children), over the wall time. On a shared
-    machine this says how much of the timing ran beside someone else's work; ``None``
-    where ``/proc/stat`` does not exist.
+    Busy time of the CPUs this process may run on (``/proc/stat``, read by
+    :func:`linvit_mm.cpu_threads.read_cpu_busy_seconds`, as the tools' thread governor reads
+    it) minus this process's own CPU time (all its threads, and its finished children), over
+    the wall time. On a shared machine this says how much of the timing ran beside someone
+    else's work; ``None`` where ``/proc/stat`` cannot be read.
     """
 
     def __init__(self):
-        self.ticks_per_s = os.sysconf('SC_CLK_TCK') if hasattr(os, 'sysconf') else 100
+        self.cpus = usable_cpus()
         self._start = None
-
-    @staticmethod
-    def _machine_busy_ticks():
-        with open('/proc/stat') as stat:
-            user, nice, system, idle, iowait, irq, softirq, steal = map(
-                int, stat.readline().split()[1:9])
-        return user + nice + system + irq + softirq + steal
 
     @staticmethod
     def _own_cpu_s():
         times = os.times()
-        return times.user + times.system + times.children_user + times.children_system
+        return read_own_cpu_seconds() + times.children_user + times.children_system
 
     def start(self):
-        try:
-            self._start = (time.perf_counter(), self._machine_busy_ticks(), self._own_cpu_s())
-        except OSError:
-            self._start = None
+        busy = read_cpu_busy_seconds(self.cpus)
+        self._start = None if busy is None else (time.perf_counter(), busy, self._own_cpu_s())
 
     def stop(self):
         if self._start is None:
             return None
+        busy = read_cpu_busy_seconds(self.cpus)
+        if busy is None:
+            return None
         wall0, busy0, own0 = self._start
-        busy_s = (self._machine_busy_ticks() - busy0) / self.ticks_per_s
         own_s = self._own_cpu_s() - own0
-        return max(0., busy_s - own_s) / max(time.perf_counter() - wall0, 1e-9)
+        return max(0., busy - busy0 - own_s) / max(time.perf_counter() - wall0, 1e-9)
 
 
 def wait_for_quiet(max_background, timeout_s, window_s=2.):

@@ -33,12 +33,15 @@ def neighbour_policies(environ=None):
 
     ``torch default``: none of the OpenMP thread or wait variables (what a plain script gets);
     ``linvit_mm tools``: what a tool sets on a machine where the user set none
-    (:func:`linvit_mm.cpu_threads.tool_environment`); ``1 thread``: the torch default wait,
-    one intra-op thread, the reference a busy neighbour should not fall far below.
+    (:func:`linvit_mm.cpu_threads.tool_environment`: the automatic thread count, which the
+    step's governor re-sizes); ``1 thread``: the torch default wait, one intra-op thread,
+    the reference a busy neighbour should not fall far below.
     """
-    from linvit_mm.cpu_threads import THREAD_VARIABLES, WAIT_VARIABLES, tool_environment
+    from linvit_mm.cpu_threads import (AUTO_THREADS_VARIABLE, THREAD_VARIABLES, WAIT_VARIABLES,
+                                       tool_environment)
     environ = os.environ if environ is None else environ
-    plain = {k: v for k, v in environ.items() if k not in WAIT_VARIABLES + THREAD_VARIABLES}
+    left_out = WAIT_VARIABLES + THREAD_VARIABLES + (AUTO_THREADS_VARIABLE,)
+    plain = {k: v for k, v in environ.items() if k not in left_out}
     return {'torch default': plain,
             'linvit_mm tools': dict(plain, **tool_environment(plain)),
             '1 thread': dict(plain, OMP_NUM_THREADS='1')}
@@ -46,8 +49,13 @@ def neighbour_policies(environ=None):
 
 def time_neighbour_step(steps=NEIGHBOUR_STEPS, warmup=NEIGHBOUR_WARMUP, **step):
     """Mean wall time (ms) of ``steps`` training steps after ``warmup`` untimed ones, with
-    this process's threading as it is; returns ``dict(ms, threads, samples_ms)``."""
+    this process's threading as a tool's would be: where its thread count is automatic the
+    tools' :class:`~linvit_mm.cpu_threads.ThreadGovernor` polls before every step, as
+    :class:`~linvit_mm.engine.hooks.CPUThreadHook` does in a run. Returns
+    ``dict(ms, threads, samples_ms, thread_changes)``, ``threads`` as of the last step."""
+    from linvit_mm.cpu_threads import tool_thread_governor
     from linvit_mm.models.backbones.linear_vit import LinearViT
+    governor = tool_thread_governor()
     step = dict(NEIGHBOUR_STEP, **step)
     torch.manual_seed(0)
     model = LinearViT(arch=step['arch'], attn_type=step['attn_type'], img_size=step['img_size'],
@@ -60,13 +68,15 @@ def time_neighbour_step(steps=NEIGHBOUR_STEPS, warmup=NEIGHBOUR_WARMUP, **step):
     samples = []
     for index in range(warmup + steps):
         started = time.perf_counter()
+        if governor is not None:
+            governor.poll()
         optimizer.zero_grad(set_to_none=True)
         sum(out.float().mean() for out in model(images)).backward()
         optimizer.step()
         if index >= warmup:
             samples.append((time.perf_counter() - started) * 1e3)
     return dict(ms=sum(samples) / len(samples), threads=torch.get_num_threads(),
-                samples_ms=samples)
+                samples_ms=samples, thread_changes=0 if governor is None else governor.changes)
 
 
 def _neighbour_child(options):
