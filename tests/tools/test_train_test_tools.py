@@ -104,6 +104,26 @@ def test_train_sizes_its_threads_to_the_free_cores_unless_the_user_chose(trained
         assert 'CPUThreadHook: ' in log and 'intra-op threads, fewer while other processes' in log
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, 'sched_getaffinity')
+                    else True, reason='needs two usable CPUs and sched_getaffinity')
+def test_train_beside_a_busy_process_drops_to_the_cores_left(mini_data_root, tmp_path):
+    """A run beside a process spinning on one of two CPUs: the governor gives that core up
+    (decided every 0.1 s here, so that a short run sees it)."""
+    from linvit_mm.utils.benchmark import busy_neighbour
+    if any(name in os.environ for name in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS')):
+        pytest.skip('the thread count is the user\'s here: the governor leaves it alone')
+    with busy_neighbour():
+        log = train(tmp_path / 'busy', mini_data_root, options=[
+            'default_hooks.cpu_threads.type=CPUThreadHook',
+            'default_hooks.cpu_threads.interval=0.1', 'train_cfg.max_iters=40',
+            'train_cfg.val_interval=40', 'default_hooks.checkpoint.interval=40'])
+    cores = int(re.search(r'CPUThreadHook: (\d+) intra-op threads', log).group(1))
+    if cores < 2:
+        pytest.skip('one physical core: no thread to give up')
+    assert re.search(rf'intra-op threads {cores} -> {cores - 1}: other processes use', log), \
+        log[-3000:]
+
+
 def test_diverging_run_fails_before_saving_its_nan_weights(mini_data_root, tmp_path):
     # lr 1e30: the first step puts the weights near 1e30, the second forward overflows.
     log = train(tmp_path, mini_data_root, '--no-validate', returncode=1,
