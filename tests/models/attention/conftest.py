@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_leaves
 
 from linvit_mm.models.attention import BaseAttention, build_attention
 from linvit_mm.models.utils.rope import GridRotation
-from linvit_mm.testing import assert_rel_close
+from linvit_mm.testing import assert_rel_close, rel_error
 
 EMBED_DIMS, NUM_HEADS = 24, 3
 
@@ -91,6 +91,20 @@ def autocast_output(module, x, hw, dtype):
             out = module(x, hw)
         exact = module.double()(x.double(), hw)
     return out, exact
+
+
+def assert_float32_forms_compute_in_float32(module, x, hw, reference, tol=1e-5):
+    """Without autocast and grad, float32 ``module`` and ``x``: ``module(x, hw)`` and
+    ``reference(x, hw)`` stay float32 and agree with ``reference`` in float64 to ``tol`` (a
+    bfloat16 step inside either, e.g. an ``autocast(enabled=...)`` left on, costs ~1e-2).
+    The module is left in float64."""
+    with torch.no_grad():
+        fast, ref = module(x, hw), reference(x, hw)
+        module.double()  # the reference is one of its methods: it now runs in float64
+        exact = reference(x.double(), hw)
+    assert fast.dtype == ref.dtype == torch.float32
+    assert rel_error(fast, exact) < tol, 'fast form'
+    assert rel_error(ref, exact) < tol, 'reference'
 
 
 class OpRecorder(TorchDispatchMode):
@@ -186,3 +200,5 @@ largest_intermediate_fixture = _as_fixture(largest_intermediate)
 fast_helpers_broken_fixture = _as_fixture(fast_helpers_broken)
 assert_common_defaults_fixture = _as_fixture(assert_common_defaults)
 assert_oracle_ignores_autocast_fixture = _as_fixture(assert_oracle_ignores_autocast)
+assert_float32_forms_compute_in_float32_fixture = _as_fixture(
+    assert_float32_forms_compute_in_float32)

@@ -488,17 +488,12 @@ def test_bf16_autocast_long_sequence_finite(tokens, autocast_output):
 
 
 @pytest.mark.parametrize('normaliser', ['consistent', 'official'])
-def test_float32_forms_compute_in_float32(normaliser, tokens):
-    """Without autocast, float32 in: both forms agree with the float64 oracle to float32
-    precision (a bfloat16 step anywhere inside would cost about 1e-2)."""
+def test_float32_forms_compute_in_float32(normaliser, tokens,
+                                          assert_float32_forms_compute_in_float32):
     module = make(dtype=torch.float32, normaliser=normaliser)
     hw = (7, 9)
-    x = tokens(hw, 1, dtype=torch.float32)
-    with torch.no_grad():
-        fast, ref = module(x, hw), module.forward_reference(x, hw)
-        exact = module.double().forward_reference(x.double(), hw)
-    assert fast.dtype == ref.dtype == torch.float32
-    assert rel_error(fast, exact) < 1e-5 and rel_error(ref, exact) < 1e-5
+    assert_float32_forms_compute_in_float32(module, tokens(hw, 1, dtype=torch.float32), hw,
+                                            module.forward_reference)
 
 
 def test_state_is_float32_for_half_inputs(tokens):

@@ -125,17 +125,12 @@ def test_oracle_convolution_is_conv2d(hw):
     assert torch.equal(naive_depthwise3x3(x, corner, hw), shifted.flatten(2).transpose(1, 2))
 
 
-def test_float32_forms_compute_in_float32(tokens, make_ttt):
-    """Without autocast, float32 in: both forms agree with the float64 oracle to float32
-    precision (a bfloat16 step anywhere inside would cost about 1e-2)."""
+def test_float32_forms_compute_in_float32(tokens, make_ttt,
+                                          assert_float32_forms_compute_in_float32):
     module = make_ttt(dtype=torch.float32, rope=ROPES['eva'])
     hw = (5, 3)
-    x = tokens(hw, 1, dtype=torch.float32)
-    with torch.no_grad():
-        fast, ref = module(x, hw), module.forward_reference(x, hw)
-        exact = module.double().forward_reference(x.double(), hw)
-    assert fast.dtype == ref.dtype == torch.float32
-    assert rel_error(fast, exact) < 1e-5 and rel_error(ref, exact) < 1e-5
+    assert_float32_forms_compute_in_float32(module, tokens(hw, 1, dtype=torch.float32), hw,
+                                            module.forward_reference)
 
 
 def test_reference_runs_under_bf16_autocast(tokens, make_ttt):
