@@ -312,6 +312,34 @@ def test_align_refuses_student_init_cfg_frozen_stages_and_bad_loss_weight(teache
             build(teacher_path, loss_weight=weight)
 
 
+def test_align_documented_defaults_and_what_frozen_stages_accepts(teacher_path):
+    model = build(teacher_path)
+    assert model.loss_weight == 1. and model.with_cp is True
+    assert model.layer_ids == [0, 1, 2]  # every block of the tiny student
+    # 0 and -1 freeze nothing (LinearViT's meaning): nothing to refuse
+    for frozen_stages in (0, -1):
+        build(teacher_path, student=tiny_vit_cfg('relu', frozen_stages=frozen_stages))
+
+
+def test_align_recomputes_only_with_cp_and_only_where_a_graph_is_built(teacher_path,
+                                                                         monkeypatch):
+    from linvit_mm.models.aligners import attention_aligner
+    calls = []
+
+    def counting_checkpoint(fn, *args, **kwargs):
+        calls.append(1)
+        return fn(*args)
+
+    monkeypatch.setattr(attention_aligner, 'checkpoint', counting_checkpoint)
+    x = images()
+    for with_cp, grad, expected in ((True, True, 3), (True, False, 0), (False, True, 0)):
+        calls.clear()
+        model = build(teacher_path, with_cp=with_cp)
+        with torch.set_grad_enabled(grad):
+            model.loss(x)
+        assert len(calls) == expected, (with_cp, grad)
+
+
 def test_align_checkpoint_of_another_operator_refused_by_next_stage(teacher_path, tmp_path):
     from linvit_mm.staged import load_linear_vit_checkpoint
     from linvit_mm.testing.staged import write_recorded_checkpoint
