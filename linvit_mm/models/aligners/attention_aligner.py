@@ -75,7 +75,7 @@ class AttentionAligner(BaseAligner):
                          data_preprocessor=data_preprocessor, init_cfg=init_cfg)
         self.layer_ids, _ = pairing.resolve_layers(
             pairing.attention_modules(self.backbone), layers, 'align', all_softmax='refuse')
-        if getattr(self.backbone, 'frozen_stages', -1) > 0:
+        if self.backbone.frozen_stages > 0:  # a LinearViT (checked at build) always has it
             raise ValueError(f'the student sets frozen_stages={self.backbone.frozen_stages}, '
                              f'which would freeze the attention of its first blocks again at '
                              f'every train(); AttentionAligner freezes everything but the '
