@@ -9,7 +9,9 @@ what a scope-specific option means, as each upstream ``tools/test.py`` defines i
 
 A CHECKPOINT that does not fit a LinearViT model of the config (other operators, stage, head
 or tensors) is refused before anything loads (``linvit_mm.engine.strict_load``;
-``--no-strict-load`` loads what fits, with a warning; docs/user_guides/loading.md).
+``--no-strict-load`` loads what fits, with a warning; docs/user_guides/loading.md). On a
+machine without CUDA, where the user set no thread count, ``default_hooks.cpu_threads``
+(``CPUThreadHook``) runs fewer intra-op threads while other processes hold cores.
 
 ``--out``
 

@@ -11,7 +11,10 @@ A config that lacks them gets the training safeguards of
 before its checkpoint is written; checkpoints are written atomically; checkpoints record
 the model's LinearViTs); the log says so. A ``--resume`` or ``load_from`` checkpoint that does
 not fit a LinearViT model is refused before anything loads (``linvit_mm.engine.strict_load``;
-``--no-strict-load`` loads what fits, with a warning; docs/user_guides/loading.md).
+``--no-strict-load`` loads what fits, with a warning; docs/user_guides/loading.md). On a
+machine without CUDA, where the user set no thread count, ``default_hooks.cpu_threads``
+(``CPUThreadHook``) runs fewer intra-op threads while other processes hold cores
+(docs/environment.md).
 """
 # Declared before the first import: linvit_mm, imported first, then chooses this process's
 # CPU threading before torch loads (see linvit_mm/cpu_threads.py; the user's variables win).
