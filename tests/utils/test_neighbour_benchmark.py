@@ -159,3 +159,14 @@ def test_the_timed_step_polls_the_tools_governor_before_every_step(monkeypatch):
         steps=1, warmup=0, batch_size=2,
         arch=dict(embed_dims=12, num_layers=1, num_heads=2,
                   feedforward_channels=24))['thread_changes'] == 0
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/stat'), reason='reads /proc/stat')
+def test_background_load_sees_the_busy_neighbour():
+    with busy_neighbour():
+        time.sleep(0.3)  # the spinner's interpreter is up
+        load = bench.BackgroundLoad()
+        load.start()
+        time.sleep(1.)
+        busy = load.stop()
+    assert busy is not None and busy > 0.6  # one spinning CPU, less what the kernel rounds
