@@ -27,14 +27,21 @@ def bench_cores():
     return usable_cores()
 
 
-def test_each_policy_runs_idle_then_beside_the_neighbour():
-    calls, state = [], {'busy': False}
+def fake_neighbour():
+    """``(state, neighbour)``: ``state['busy']`` is True inside the ``neighbour()`` block."""
+    state = {'busy': False}
 
     @contextmanager
     def neighbour():
         state['busy'] = True
         yield
         state['busy'] = False
+
+    return state, neighbour
+
+
+def test_each_policy_runs_idle_then_beside_the_neighbour():
+    calls, state, neighbour = [], *fake_neighbour()
 
     times = {('a', False): 10., ('a', True): 40., ('b', False): 12., ('b', True): 15.}
 
@@ -53,13 +60,7 @@ def test_each_policy_runs_idle_then_beside_the_neighbour():
 
 
 def test_rounds_interleave_the_sweep_and_report_each_rows_median():
-    calls, state = [], {'busy': False}
-
-    @contextmanager
-    def neighbour():
-        state['busy'] = True
-        yield
-        state['busy'] = False
+    calls, state, neighbour = [], *fake_neighbour()
 
     # the machine drifts: every round is slower than the one before
     def measure(env, steps, warmup, **step):
