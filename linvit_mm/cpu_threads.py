@@ -55,7 +55,7 @@ THREAD_VARIABLES = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS')
 AUTO_THREADS_VARIABLE = 'LINVIT_MM_AUTO_THREADS'
 
 # What configure_tool_process set in this process ({} when the user's variables won or
-# nothing ran) and whether torch was already loaded then (the wait policy would be too late).
+# nothing ran) and whether torch was already loaded then (libgomp had read its variables).
 configured = {}
 torch_loaded_at_configuration = None
 
@@ -129,10 +129,12 @@ def read_cpu_busy_seconds(cpus, stat_path='/proc/stat'):
     return ticks / os.sysconf('SC_CLK_TCK')
 
 
-def read_own_cpu_seconds():
-    """CPU seconds this process's threads have run (user + system)."""
+def read_own_cpu_seconds(children=False):
+    """CPU seconds this process's threads have run (user + system); ``children``: its
+    finished, waited-for child processes' too."""
     times = os.times()
-    return times.user + times.system
+    own = times.user + times.system
+    return own + times.children_user + times.children_system if children else own
 
 
 class ThreadGovernor:

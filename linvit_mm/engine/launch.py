@@ -86,11 +86,9 @@ def add_cpu_thread_hook(cfg, environ=None):
     from .hooks import cpu_thread_hook  # noqa: F401  registers the hook the entry names
     if not threads_are_automatic(environ):
         return []
-    default_hooks = cfg.get('default_hooks') or {}
-    if CPU_THREAD_HOOK_KEY in default_hooks:  # the config's own entry, or None: off
+    if CPU_THREAD_HOOK_KEY in (cfg.get('default_hooks') or {}):  # its own entry, or None: off
         return []
-    hooks = [h for h in [*default_hooks.values(), *(cfg.get('custom_hooks') or [])] if h]
-    if any(_hook_type_name(h) == CPU_THREAD_HOOK['type'] for h in hooks):
+    if CPU_THREAD_HOOK['type'] in _listed_hook_types(cfg):
         return []
     if cfg.get('default_hooks') is None:
         cfg.default_hooks = dict()
@@ -141,6 +139,12 @@ def _hook_type_name(hook):
     return getattr(hook_type, '__name__', None)
 
 
+def _listed_hook_types(cfg):
+    """The type names of the hooks a config lists in ``default_hooks`` and ``custom_hooks``."""
+    hooks = [*(cfg.get('default_hooks') or {}).values(), *(cfg.get('custom_hooks') or [])]
+    return {_hook_type_name(h) for h in hooks if h}
+
+
 def add_training_safeguards(cfg):
     """Give a training config what it lacks of the project's safeguards; returns log notes.
 
@@ -167,16 +171,16 @@ def add_training_safeguards(cfg):
     if cfg.get('default_hooks') is None:
         cfg.default_hooks = dict()
     default_hooks = cfg.default_hooks
-    hooks = [h for h in [*default_hooks.values(), *(cfg.get('custom_hooks') or [])] if h]
+    listed = _listed_hook_types(cfg)
     if FINITE_LOSS_HOOK_KEY in default_hooks and default_hooks[FINITE_LOSS_HOOK_KEY] is None:
         notes.append(f'finite-loss check switched off by the config '
                      f'(default_hooks.{FINITE_LOSS_HOOK_KEY}=None)')
-    elif not any(_hook_type_name(h) == FINITE_LOSS_HOOK['type'] for h in hooks):
+    elif FINITE_LOSS_HOOK['type'] not in listed:
         default_hooks[FINITE_LOSS_HOOK_KEY] = dict(FINITE_LOSS_HOOK)
         notes.append(f'added default_hooks.{FINITE_LOSS_HOOK_KEY}={FINITE_LOSS_HOOK}: a NaN or '
                      f'infinite loss stops the run before its checkpoint is written')
     if not (RECORD_HOOK_KEY in default_hooks and default_hooks[RECORD_HOOK_KEY] is None) and \
-            not any(_hook_type_name(h) in RECORD_HOOK_TYPES for h in hooks):
+            not listed.intersection(RECORD_HOOK_TYPES):
         # Imported for its registration: a config lists the hook by name.
         from . import strict_load  # noqa: F401
         default_hooks[RECORD_HOOK_KEY] = dict(RECORD_HOOK)

@@ -49,7 +49,7 @@ class Governor:
         return self.threads
 
 
-def runner_with_log(caplog):
+def runner_with_log():
     return types.SimpleNamespace(logger=logging.getLogger('cpu-thread-hook-test'))
 
 
@@ -64,7 +64,7 @@ def test_the_hook_polls_before_every_iteration_of_every_loop(monkeypatch, caplog
     monkeypatch.setattr(cpu_thread_hook, 'tool_thread_governor', fake)
     hook = HOOKS.build(dict(type='CPUThreadHook', interval=0.5))
     assert isinstance(hook, CPUThreadHook) and hook.priority == 'VERY_HIGH'
-    runner = runner_with_log(caplog)
+    runner = runner_with_log()
     with caplog.at_level(logging.INFO, logger='cpu-thread-hook-test'):
         hook.before_run(runner)
     assert seen == dict(interval=0.5, log=runner.logger.info)
@@ -79,7 +79,7 @@ def test_the_hook_polls_before_every_iteration_of_every_loop(monkeypatch, caplog
 def test_without_a_governor_the_hook_says_so_and_does_nothing(monkeypatch, caplog):
     monkeypatch.setattr(cpu_thread_hook, 'tool_thread_governor', lambda interval, log: None)
     hook = CPUThreadHook()
-    runner = runner_with_log(caplog)
+    runner = runner_with_log()
     with caplog.at_level(logging.INFO, logger='cpu-thread-hook-test'):
         hook.before_run(runner)
     assert 'the intra-op thread count stays as set' in caplog.text

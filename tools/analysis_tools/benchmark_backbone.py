@@ -223,7 +223,8 @@ def busy_neighbour_main(args):
         load = 'unknown'
     print(f'Busy-neighbour benchmark {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}: '
           f'{NEIGHBOUR_STEP}, mean of {args.neighbour_steps} steps after '
-          f'{args.neighbour_warmup}, median of {args.neighbour_rounds} round(s); usable CPUs {usable_cpus()} ({usable_cores()} cores), '
+          f'{args.neighbour_warmup}, median of {args.neighbour_rounds} round(s); '
+          f'usable CPUs {usable_cpus()} ({usable_cores()} cores), '
           f'neighbour pinned to CPU {max(usable_cpus())}; 1-minute load average at start '
           f'{load}; torch={torch.__version__}', flush=True)
     rows = run_neighbour_benchmark(policies, args.neighbour_steps, args.neighbour_warmup,

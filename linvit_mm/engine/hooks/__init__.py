@@ -4,4 +4,5 @@ from .finite_loss_hook import FiniteLossHook
 from .lora_targets_hook import LoRATargetsHook
 from .staged_record_hook import StagedRecordHook
 
-__all__ = ['AttentionDistillHook', 'CPUThreadHook', 'FiniteLossHook', 'LoRATargetsHook', 'StagedRecordHook']
+__all__ = ['AttentionDistillHook', 'CPUThreadHook', 'FiniteLossHook', 'LoRATargetsHook',
+           'StagedRecordHook']

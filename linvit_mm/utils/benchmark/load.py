@@ -1,5 +1,4 @@
 """How busy other processes keep the machine while a benchmark times something."""
-import os
 import time
 
 from linvit_mm.cpu_threads import read_cpu_busy_seconds, read_own_cpu_seconds, usable_cpus
@@ -19,14 +18,10 @@ class BackgroundLoad:
         self.cpus = usable_cpus()
         self._start = None
 
-    @staticmethod
-    def _own_cpu_s():
-        times = os.times()
-        return read_own_cpu_seconds() + times.children_user + times.children_system
-
     def start(self):
         busy = read_cpu_busy_seconds(self.cpus)
-        self._start = None if busy is None else (time.perf_counter(), busy, self._own_cpu_s())
+        self._start = None if busy is None else (
+            time.perf_counter(), busy, read_own_cpu_seconds(children=True))
 
     def stop(self):
         if self._start is None:
@@ -35,7 +30,7 @@ class BackgroundLoad:
         if busy is None:
             return None
         wall0, busy0, own0 = self._start
-        own_s = self._own_cpu_s() - own0
+        own_s = read_own_cpu_seconds(children=True) - own0
         return max(0., busy - busy0 - own_s) / max(time.perf_counter() - wall0, 1e-9)
 
 
