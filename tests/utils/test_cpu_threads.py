@@ -205,8 +205,9 @@ def test_without_cpu_counters_the_governor_does_nothing(tmp_path):
 def test_busy_seconds_are_read_from_the_usable_cpus_only(tmp_path):
     stat = tmp_path / 'stat'
     # user nice system idle iowait irq softirq steal guest guest_nice
+    # guest time (columns 9 and 10) is inside user already: not counted twice
     stat.write_text('cpu  900 0 900 900 900 0 0 0 0 0\n'
-                    'cpu0 100 2 30 500 70 4 5 6 0 0\n'
+                    'cpu0 100 2 30 500 70 4 5 6 40 3\n'
                     'cpu1 200 0 10 900 10 0 0 0 0 0\n'
                     'intr 12345\n')
     tick = __import__('os').sysconf('SC_CLK_TCK')
@@ -220,6 +221,27 @@ def test_a_governor_only_for_an_automatic_count():
     governor = cpu_threads.tool_thread_governor(
         environ={'OMP_NUM_THREADS': '3', 'LINVIT_MM_AUTO_THREADS': '3'})
     assert governor is not None and governor.cores == governor.threads == 3
+    assert governor.interval == 1.  # the documented default, as the governor's own
+    assert cpu_threads.ThreadGovernor(cores=2, cpus=[0, 1], read_busy=lambda: 0.).interval == 1.
+
+
+def test_without_set_threads_the_governor_sets_torchs_count(monkeypatch):
+    import torch
+    calls = []
+    monkeypatch.setattr(torch, 'set_num_threads', calls.append)
+    machine = FakeMachine()
+    governor = cpu_threads.ThreadGovernor(cores=2, cpus=[0, 1], read_busy=lambda: machine.busy,
+                                          read_own=lambda: machine.own,
+                                          clock=lambda: machine.now)
+    machine.advance(1., others=1., own=1.)
+    assert governor.poll() == 1 and calls == [1]
+
+
+def test_own_cpu_seconds_are_user_plus_system_and_the_childrens_when_asked(monkeypatch):
+    times = types.SimpleNamespace(user=1., system=2., children_user=4., children_system=8.)
+    monkeypatch.setattr(cpu_threads.os, 'times', lambda: times)
+    assert cpu_threads.read_own_cpu_seconds() == 3.
+    assert cpu_threads.read_own_cpu_seconds(children=True) == 15.
 
 
 def test_the_governor_refuses_a_bad_interval():
