@@ -57,6 +57,8 @@ def test_each_policy_runs_idle_then_beside_the_neighbour():
     assert [(r['policy'], r['neighbour'], r['ms'], r['wait_policy']) for r in rows] == [
         ('a', 'idle', 10., '-'), ('a', 'busy', 40., '-'), ('b', 'idle', 12., 'PASSIVE'),
         ('b', 'busy', 15., 'PASSIVE')]
+    # one round: no range column
+    assert 'rounds: min-max ms' not in format_neighbour_table(rows)
 
 
 def test_rounds_interleave_the_sweep_and_report_each_rows_median():
@@ -70,8 +72,10 @@ def test_rounds_interleave_the_sweep_and_report_each_rows_median():
         return dict(ms=base[env['name'], state['busy']] * drift, threads=2)
 
     policies = {'a': {'name': 'a'}, 'b': {'name': 'b'}}
+    lines = []
     rows = run_neighbour_benchmark(policies, steps=3, warmup=1, measure=measure,
-                                   neighbour=neighbour, log=lambda msg: None, rounds=3)
+                                   neighbour=neighbour, log=lines.append, rounds=3)
+    assert len(lines) == 12 and lines[4].startswith('  round 2/3 a ')
     assert calls == [('a', False), ('a', True), ('b', False), ('b', True)] * 3
     by_row = {(r['policy'], r['neighbour']): r for r in rows}
     assert len(rows) == 4
