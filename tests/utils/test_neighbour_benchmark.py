@@ -175,3 +175,28 @@ def test_background_load_sees_the_busy_neighbour():
         time.sleep(1.)
         busy = load.stop()
     assert busy is not None and busy > 0.6  # one spinning CPU, less what the kernel rounds
+
+
+def test_background_load_is_others_busy_time_over_the_wall_time(monkeypatch):
+    from linvit_mm.utils.benchmark import load as load_module
+    readings = {'busy': [100., 103.], 'own': [10., 11.5], 'wall': [50., 52.]}
+    asked_children = []
+
+    def own(children=False):
+        asked_children.append(children)
+        return readings['own'].pop(0)
+
+    monkeypatch.setattr(load_module, 'read_cpu_busy_seconds',
+                        lambda cpus: readings['busy'].pop(0))
+    monkeypatch.setattr(load_module, 'read_own_cpu_seconds', own)
+    monkeypatch.setattr(load_module.time, 'perf_counter', lambda: readings['wall'].pop(0))
+    load = bench.BackgroundLoad()
+    load.start()
+    # 3 busy CPU seconds, 1.5 of them this process's (its children included), over 2 s
+    assert load.stop() == 0.75 and asked_children == [True, True]
+    readings.update(busy=[100., 100.5], own=[10., 11.5], wall=[0., 1.])
+    load.start()
+    assert load.stop() == 0.  # never below zero (the counters tick apart)
+    monkeypatch.setattr(load_module, 'read_cpu_busy_seconds', lambda cpus: None)
+    load.start()
+    assert load.stop() is None
