@@ -86,6 +86,11 @@ def test_without_a_governor_the_hook_says_so_and_does_nothing(monkeypatch, caplo
     hook.before_train_iter(runner, 0, None)  # nothing to poll, nothing fails
 
 
-def test_the_hook_refuses_a_bad_interval():
-    with pytest.raises(ValueError, match='interval must be > 0 seconds, got -1'):
-        CPUThreadHook(interval=-1)
+@pytest.mark.parametrize('interval', [0, -1])
+def test_the_hook_refuses_a_bad_interval(interval):
+    with pytest.raises(ValueError, match=f'interval must be > 0 seconds, got {interval}'):
+        CPUThreadHook(interval=interval)
+
+
+def test_the_hook_decides_every_second_by_default():
+    assert CPUThreadHook().interval == 1.
