@@ -212,3 +212,36 @@ def test_with_family_checks_the_tensors_and_the_release():
     with pytest.raises(ValueError, match=r"family='deit3' was given, but the checkpoint is a "
                                          r"'dinov2' release"):
         release.with_family('deit3')
+
+
+def test_a_checkpoint_built_by_hand_reads_as_a_plain_vit():
+    ckpt = SoftmaxCheckpoint(state_dict={}, source_format='timm')
+    assert (ckpt.num_register_tokens, ckpt.layer_scale, ckpt.ffn_type, ckpt.ffn_norm,
+            ckpt.pre_norm, ckpt.qkv_bias) == (0, False, 'mlp', False, False, True)
+    assert (ckpt.unused_keys, ckpt.unused_groups, ckpt.notes) == ([], {}, [])
+
+
+def test_the_summary_lists_each_unused_group_with_three_examples_at_most():
+    groups = {'head': ['h0', 'h1', 'h2', 'h3'], 'decoder': ['d0', 'd1', 'd2'], 'mask': ['m0']}
+    ckpt = SoftmaxCheckpoint(state_dict={}, source_format='timm',
+                             unused_keys=[k for keys in groups.values() for k in keys],
+                             unused_groups=groups)
+    lines = ckpt.summary().splitlines()
+    start = lines.index('unused tensors  : 8')
+    assert lines[start + 1:start + 4] == ['  - head: 4 (h0, h1, h2, ...)',
+                                          '  - decoder: 3 (d0, d1, d2)',
+                                          '  - mask: 1 (m0)']
+
+
+def test_a_head_count_that_cannot_fit_is_refused_before_the_file_is_read(tmp_path):
+    # a missing file would be a FileNotFoundError: the head count is checked first
+    with pytest.raises(ValueError, match='num_heads must be a positive integer'):
+        load_softmax_checkpoint(tmp_path / 'missing.pth', num_heads=0)
+
+
+def test_a_head_count_taken_from_the_family_is_noted(timm_source):
+    state = timm_source('deit3-small', embed_dim=192, num_heads=3).state_dict()
+    ckpt = load_softmax_checkpoint(state)
+    assert (ckpt.family, ckpt.num_heads) == ('deit3', 3)
+    assert ckpt.num_heads_from == 'the deit3 family at width 192'
+    assert 'num_heads=3 from the deit3 family at width 192' in ckpt.notes

@@ -11,7 +11,7 @@ import torch
 from linvit_mm.models import LinearViT
 from linvit_mm.transfer import (SoftmaxTransferInit, load_softmax_checkpoint,
                                 transfer_softmax_weights)
-from linvit_mm.transfer.families import FAMILIES
+from linvit_mm.transfer.families import FAMILIES, _implied, read_architecture
 
 # word -> (family, rope, registers, layer scale, MLP, MLP hidden norm, pre-norm, qkv bias)
 EXPECTED = {
@@ -201,3 +201,17 @@ def test_a_whole_classifier_is_checked_through_its_backbone(timm_source, refuses
         layer.attn.rope = None
     refuses(classifier, source.state_dict(), components=['attention'], prefix='', num_heads=4,
             match="rope: checkpoint 'dinov3', model None")
+
+
+@pytest.mark.parametrize('keys', [('attn.gamma1.weight',), ('ffn.gamma2.weight',)],
+                         ids=['attention-branch-only', 'mlp-branch-only'])
+def test_layer_scale_on_either_branch_is_layer_scale(keys):
+    state = {f'backbone.layers.0.{key}': torch.ones(4) for key in keys}
+    assert read_architecture(state, None).layer_scale
+
+
+@pytest.mark.parametrize('family_registers', [1, 4])
+def test_a_register_family_accepts_any_positive_register_count(family_registers):
+    accepts = _implied(dict(num_register_tokens=family_registers))['num_register_tokens']
+    assert callable(accepts)
+    assert [accepts(n) for n in (0, 1, 4)] == [False, True, True]

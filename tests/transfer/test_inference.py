@@ -1,14 +1,16 @@
 """What a checkpoint's shapes and metadata say: width, depth, position layout, head count."""
 import argparse
+import functools
 import re
 from collections import OrderedDict
 
 import pytest
 import timm
 import torch
+from mmpretrain.models import VisionTransformer
 
 from linvit_mm.transfer import load_softmax_checkpoint
-from linvit_mm.transfer.inference import Layout, check_num_heads, infer_layout
+from linvit_mm.transfer.inference import _ARCH_HEADS, Layout, check_num_heads, infer_layout
 
 
 def test_arch_names_give_heads_only_in_their_own_code_base(timm_sd):
@@ -140,3 +142,38 @@ def test_a_pos_embed_of_another_layout_is_refused(shape, timm_sd):
 def test_an_mmpretrain_config_text_gives_the_head_count(cfg, num_heads, where, expected):
     ckpt = load_softmax_checkpoint({'state_dict': expected, 'meta': {'cfg': cfg}})
     assert (ckpt.num_heads, ckpt.num_heads_from) == (num_heads, where)
+
+
+# (code base, size word) -> the timm model of that size: DeiT, DINO / iBOT, MAE and MoCo v3
+# define their ViTs with timm's widths and head counts, except MoCo v3's ViT-S (below).
+_TIMM_MODEL_OF = {
+    'tiny': 'vit_tiny_patch16_224', 'small': 'vit_small_patch16_224',
+    'medium': 'vit_medium_patch16_gap_256', 'base': 'vit_base_patch16_224',
+    'large': 'vit_large_patch16_224', 'huge': 'vit_huge_patch14_224'}
+_DEIT_MODEL_OF = {'tiny': 'deit_tiny_patch16_224', 'small': 'deit_small_patch16_224',
+                  'base': 'deit_base_patch16_224', 'medium': 'deit3_medium_patch16_224',
+                  'large': 'deit3_large_patch16_224', 'huge': 'deit3_huge_patch14_224'}
+
+
+@functools.lru_cache(maxsize=None)
+def _timm_width_and_heads(name):
+    with torch.device('meta'):
+        model = timm.create_model(name, pretrained=False)
+    return model.embed_dim, model.blocks[0].attn.num_heads
+
+
+@pytest.mark.parametrize('code_base', ['timm', 'deit', 'dino', 'mae', 'mocov3'])
+def test_the_head_count_of_every_architecture_name_is_its_code_bases(code_base):
+    models = _DEIT_MODEL_OF if code_base == 'deit' else _TIMM_MODEL_OF
+    for size, width_and_heads in _ARCH_HEADS[code_base].items():
+        if code_base == 'mocov3' and size == 'small':
+            # MoCo v3's vits.py: vit_small has 12 heads of 32 channels, not DeiT's 6
+            assert width_and_heads == (384, 12)
+            continue
+        assert width_and_heads == _timm_width_and_heads(models[size]), (code_base, size)
+
+
+def test_the_head_count_of_every_mmpretrain_arch_word_is_its_arch_zoos():
+    for word, width_and_heads in _ARCH_HEADS['mmpretrain'].items():
+        arch = VisionTransformer.arch_zoo[word]
+        assert width_and_heads == (arch['embed_dims'], arch['num_heads']), word
