@@ -169,8 +169,7 @@ def refuse_non_finite(state, origins, where):
 
 
 def _is_tensor_dict(obj):
-    return (isinstance(obj, Mapping) and len(obj) > 0
-            and all(isinstance(key, str) for key in obj)
+    return (isinstance(obj, Mapping) and all(isinstance(key, str) for key in obj)
             and any(torch.is_tensor(value) for value in obj.values()))
 
 

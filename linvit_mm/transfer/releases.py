@@ -211,15 +211,18 @@ def merge_timm_variants(state):
     Returns:
         tuple: ``(state, notes)``; ``state`` is a new dict (tensors concatenated where
         merged), the input is left as it is.
+
+    Raises:
+        ValueError: separate q/k/v projections of which only one of q and v has a bias.
     """
     out, notes = OrderedDict(state), []
-    merged = {'qv': 0, 'proj': 0, 'swiglu': 0}
+    merged = set()  # the kinds of layer folded
     for key in list(out):
         qv = _EVA_QV_BIAS.match(key)
         if qv and qv.group(1) + 'v_bias' in out:
             q_bias, v_bias = out.pop(key), out.pop(qv.group(1) + 'v_bias')
             out[qv.group(1) + 'qkv.bias'] = torch.cat([q_bias, torch.zeros_like(q_bias), v_bias])
-            merged['qv'] += 1
+            merged.add('bias')
         proj = _EVA_QKV_PROJ.match(key)
         if proj:
             attn = proj.group(1)
@@ -227,19 +230,25 @@ def merge_timm_variants(state):
                 [out.pop(f'{attn}{part}_proj.weight') for part in 'qkv'])
             q_bias = out.pop(f'{attn}q_proj.bias', None)
             v_bias = out.pop(f'{attn}v_proj.bias', None)
-            if q_bias is not None and v_bias is not None:
+            if (q_bias is None) != (v_bias is None):
+                # one bias alone has no place in a qkv bias whose other rows are zero
+                raise ValueError(f'{attn}q_proj and {attn}v_proj: only one of them has a bias; '
+                                 'EVA attention has both or neither')
+            if q_bias is not None:
                 out[attn + 'qkv.bias'] = torch.cat([q_bias, torch.zeros_like(q_bias), v_bias])
-            merged['proj'] += 1
+                merged.add('bias')
+            merged.add('proj')
         gate = _SWIGLU_GATE.match(key)
         if gate:
             mlp, kind = gate.groups()
             out[f'{mlp}fc1.{kind}'] = torch.cat([out.pop(key), out.pop(f'{mlp}fc1_x.{kind}')])
-            merged['swiglu'] += kind == 'weight'
-    if merged['qv'] or merged['proj']:
+            merged.add('swiglu')
+    if 'bias' in merged:
         notes.append("EVA attention: the query and value biases (the key's fixed at zero) are "
-                     "read as one qkv bias with zero key rows" + (
-                         '; separate q/k/v projections as one qkv' if merged['proj'] else ''))
-    if merged['swiglu']:
+                     'read as one qkv bias with zero key rows')
+    if 'proj' in merged:
+        notes.append('EVA attention: the separate q/k/v projections are read as one qkv')
+    if 'swiglu' in merged:
         notes.append('SwiGLU: the gate (fc1_g) and value (fc1_x) layers are read as one packed '
                      'layer, gate rows first')
     return out, notes

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 
 from linvit_mm.models.backbones.linear_vit import LinearViT
 from linvit_mm.transfer import transfer_softmax_weights
+from linvit_mm.transfer.analytic import IMPULSE_DEFAULTS, MIMETIC_DEFAULTS
 
 SEED = 7
 C, D, HEADS = 192, 64, 3  # DeiT-Tiny width, head dim, heads
@@ -159,3 +160,11 @@ def test_an_attention_of_another_shape_is_refused_before_any_write(init):
         f'parameterisation')
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+def test_the_defaults_are_the_published_constants():
+    # Trockman & Kolter (ICML 2023): alpha1 = beta1 = 0.7, alpha2 = beta2 = 0.4
+    assert MIMETIC_DEFAULTS == dict(qk_alpha=0.7, qk_beta=0.7, vo_alpha=0.4, vo_beta=0.4)
+    # Zheng et al. (NeurIPS 2025), the authors' timm post_weight_init='impulse'
+    assert IMPULSE_DEFAULTS == dict(pos_scale=18., qk_gain=7., impulse_value=1000.,
+                                    noise_std=0.6, noise_scale=3., vo_alpha=0.4, vo_beta=0.4)

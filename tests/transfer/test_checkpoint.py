@@ -245,3 +245,9 @@ def test_a_head_count_taken_from_the_family_is_noted(timm_source):
     assert (ckpt.family, ckpt.num_heads) == ('deit3', 3)
     assert ckpt.num_heads_from == 'the deit3 family at width 192'
     assert 'num_heads=3 from the deit3 family at width 192' in ckpt.notes
+
+
+def test_reading_refuses_a_linear_source(timm_sd):
+    inline = OrderedDict(timm_sd, **{'blocks.0.attn.residual.0.weight': torch.zeros(192, 64, 1)})
+    with pytest.raises(ValueError, match=r'this is a InLine attention .* not a Softmax ViT'):
+        load_softmax_checkpoint({'model': inline})

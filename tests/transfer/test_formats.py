@@ -166,3 +166,100 @@ def test_non_finite_values_outside_the_encoder_are_not_read(timm_sd):
     ckpt = load_softmax_checkpoint(raw)
     assert ckpt.source_format == 'mae'
     assert 'MAE decoder' in ckpt.unused_groups
+
+
+# ---------------------------------------------------------- what the reading says it did
+
+
+@pytest.mark.parametrize('refuse,value', [('refuse_non_float', torch.zeros(2, dtype=torch.int8)),
+                                          ('refuse_non_finite', torch.full((2,), float('nan')))])
+@pytest.mark.parametrize('count', [5, 6])
+def test_five_bad_tensors_are_named_and_the_rest_counted(refuse, value, count):
+    from linvit_mm.transfer import formats
+    state = OrderedDict((f'backbone.t{i}', value) for i in range(count))
+    origins = {'backbone.t0': 't0'}
+    with pytest.raises(ValueError) as info:
+        getattr(formats, refuse)(state, origins, 'here')
+    message = str(info.value)
+    assert message.count('\n  backbone.t') == 5
+    assert '\n  backbone.t0 (t0): ' in message and '\n  backbone.t1: ' in message
+    assert ('... and 1 more' in message) == (count == 6)
+    assert '... and 0 more' not in message
+
+
+def test_the_entries_beside_the_weights_are_noted(timm_sd):
+    ckpt = load_softmax_checkpoint({
+        'model': timm_sd, 'ema': {'w': torch.zeros(1)},
+        'model_ema': {'w': torch.zeros(1), 'b': torch.zeros(1)}, 'epoch': 3})
+    assert ("read the 'model' entry; ignored top-level entries: ema (1 tensor), "
+            'model_ema (2 tensors), epoch') in ckpt.notes
+    assert not any('ignored top-level entries' in note
+                   for note in load_softmax_checkpoint({'model': timm_sd}).notes)
+
+
+def test_an_unrecognised_layout_shows_eight_entries_and_six_tensor_keys():
+    entries = {f'entry{i}': i for i in range(10)}
+    with pytest.raises(ValueError, match=re.escape(f'Top-level keys: {list(entries)[:8]};')):
+        load_softmax_checkpoint(entries)
+    tensors = OrderedDict((f'conv{i}.weight', torch.zeros(1)) for i in range(7))
+    with pytest.raises(ValueError, match=re.escape(f'example tensor keys: {list(tensors)[:6]}.')):
+        load_softmax_checkpoint({'state_dict': tensors})
+
+
+def test_an_mmpretrain_state_without_patch_embedding_is_still_mmpretrains(expected):
+    state = OrderedDict((k, v) for k, v in expected.items()
+                        if not k.startswith('backbone.patch_embed.'))
+    assert load_softmax_checkpoint({'state_dict': state}).source_format == 'mmpretrain'
+
+
+def test_timm_eva_layers_are_folded_and_noted(timm_source):
+    ckpt = load_softmax_checkpoint(timm_source('eva02-tiny', img_size=56).state_dict())
+    assert ckpt.ffn_type == 'swiglu'
+    assert ('EVA attention: the query and value biases (the key\'s fixed at zero) are read as '
+            'one qkv bias with zero key rows') in ckpt.notes
+
+
+def test_mocov3_reads_the_base_encoder_and_groups_the_rest(timm_sd):
+    state = OrderedDict(('module.base_encoder.' + k, v) for k, v in timm_sd.items())
+    state['module.momentum_encoder.cls_token'] = torch.zeros(1, 1, 192)
+    state['module.predictor.0.weight'] = torch.zeros(4, 4)
+    ckpt = load_softmax_checkpoint({'state_dict': state})
+    assert ckpt.source_format == 'mocov3'
+    assert ('MoCo v3: using base_encoder (momentum_encoder and predictor ignored; '
+            'base_encoder.head is the projection MLP)') in ckpt.notes
+    assert ckpt.unused_groups['MoCo v3 momentum encoder'] == ['momentum_encoder.cls_token']
+    assert ckpt.unused_groups['MoCo v3 predictor MLP'] == ['predictor.0.weight']
+
+
+@pytest.mark.parametrize('container,extra,layout,note', [
+    ('teacher', {}, 'dino',
+     'DINO: using the teacher (the network DINO evaluates); the student is ignored'),
+    ('teacher', {'ibot_loss': {}}, 'ibot',
+     'iBOT: using the teacher (the network iBOT evaluates); the student is ignored'),
+    ('state_dict', {}, 'ibot', None),
+], ids=['dino-teacher', 'ibot-teacher', 'ibot-backbone-file'])
+def test_a_backbone_prefixed_encoder_is_dino_or_ibot(container, extra, layout, note, timm_sd):
+    encoder = OrderedDict(('backbone.' + k, v) for k, v in timm_sd.items())
+    encoder['head.mlp.0.weight'] = torch.zeros(4, 4)
+    ckpt = load_softmax_checkpoint(dict({container: encoder}, **extra))
+    assert ckpt.source_format == layout
+    assert ckpt.unused_groups['self-supervised projection head'] == ['head.mlp.0.weight']
+    assert [n for n in ckpt.notes if 'using the teacher' in n] == ([note] if note else [])
+
+
+@pytest.mark.parametrize('extra', [{'decoder_embed.weight': torch.zeros(4, 4)},
+                                   {'mask_token': torch.zeros(1, 1, 4)}],
+                         ids=['decoder-only', 'mask-token-only'])
+def test_either_pre_training_part_makes_an_mae_checkpoint(extra, timm_sd):
+    assert load_softmax_checkpoint(
+        {'model': OrderedDict(timm_sd, **extra)}).source_format == 'mae'
+
+
+@pytest.mark.parametrize('key', ['masked_embed', 'head.last_layer2.weight', 'head.mlp2.0.weight'])
+def test_each_sign_of_an_ibot_student_makes_an_ibot_teacher(key, timm_sd):
+    student = OrderedDict(timm_sd, **{key: torch.zeros(4)})
+    ckpt = load_softmax_checkpoint({'teacher': timm_sd, 'student': student})
+    assert ckpt.source_format == 'dino'  # the teacher alone shows no sign
+    ckpt = load_softmax_checkpoint({'teacher': OrderedDict(timm_sd, **{key: torch.zeros(4)}),
+                                    'student': student})
+    assert ckpt.source_format == 'ibot'

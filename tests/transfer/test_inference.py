@@ -177,3 +177,81 @@ def test_the_head_count_of_every_mmpretrain_arch_word_is_its_arch_zoos():
     for word, width_and_heads in _ARCH_HEADS['mmpretrain'].items():
         arch = VisionTransformer.arch_zoo[word]
         assert width_and_heads == (arch['embed_dims'], arch['num_heads']), word
+
+
+def _layout_state(slots, cls_token=True, registers=0, width=4):
+    """mmpretrain-named tensors of a ViT whose position embedding has ``slots`` slots."""
+    state = {'backbone.patch_embed.projection.weight': torch.zeros(width, 3, 16, 8),
+             'head.layers.head.weight': torch.zeros(10, width),
+             'backbone.pos_embed': torch.arange(float(slots)).view(1, slots, 1).repeat(
+                 1, 1, width)}
+    if cls_token:
+        state['backbone.cls_token'] = torch.zeros(1, 1, width)
+    if registers:
+        state['backbone.register_tokens'] = torch.zeros(1, registers, width)
+    return state
+
+
+def _not_prefix_note(extra, prefix):
+    return (f'pos_embed has {extra} leading non-patch slot(s) but the checkpoint has {prefix} '
+            'prefix token(s)')
+
+
+@pytest.mark.parametrize('kwargs,has_dist,grid,extra,notes', [
+    # class token: the usual layout, nothing to say
+    (dict(slots=1 + 16), False, (4, 4), 1, []),
+    # no class token (a patch-only model) and a patch-only embedding: nothing to say either
+    (dict(slots=16, cls_token=False), False, (4, 4), 0, []),
+    # DINOv2 with registers: one slot for each of the class token and the four registers
+    (dict(slots=5 + 16, registers=4), False, (4, 4), 5, []),
+    # registers without slots of their own
+    (dict(slots=1 + 16, registers=4), False, (4, 4), 1, [_not_prefix_note(1, 5)]),
+    # a distillation token without a slot: the class slot stays, nothing is dropped
+    (dict(slots=1 + 16), True, (4, 4), 1, [_not_prefix_note(1, 2)]),
+    # a distillation slot on a 1x1 grid
+    (dict(slots=2 + 1), True, (1, 1), 1, None),
+    # slots no token of the checkpoint has
+    (dict(slots=1 + 16, cls_token=False), False, (4, 4), 1, [_not_prefix_note(1, 0)]),
+    (dict(slots=2 + 16, cls_token=False), False, (4, 4), 2, [_not_prefix_note(2, 0)]),
+    # one slot and a class token: the slot is the single patch's
+    (dict(slots=1), False, (1, 1), 0, None),
+    (dict(slots=1 + 12), False, None, 1,
+     ['pos_embed has 13 slots, not 1 extra tokens plus a square grid; pos_grid left unknown']),
+], ids=['cls', 'patches-only', 'registers-with-slots', 'registers-without-slots',
+        'dist-without-slot', 'dist-slot-1x1', 'two-unknown-slots', 'one-unknown-slot',
+        'a-single-slot', 'not-square'])
+def test_the_position_embedding_layout_of_each_token_prefix(kwargs, has_dist, grid, extra,
+                                                              notes):
+    state = _layout_state(**kwargs)
+    pos = state['backbone.pos_embed']
+    layout = infer_layout(state, has_dist=has_dist)
+    assert (layout.pos_grid, layout.num_extra_tokens) == (grid, extra)
+    assert layout.patch_size == (16, 8)
+    if notes is not None:
+        assert layout.notes == notes
+    if has_dist and kwargs['slots'] == 3:
+        assert torch.equal(state['backbone.pos_embed'], pos[:, [0, 2]])
+        assert any('dropped the distillation-token slot' in note for note in layout.notes)
+    else:
+        assert state['backbone.pos_embed'] is pos
+
+
+def test_a_checkpoint_without_a_classifier_head_is_noted():
+    state = _layout_state(slots=17)
+    del state['head.layers.head.weight']
+    assert infer_layout(state, has_dist=False).notes == [
+        'no linear classifier head in the checkpoint (backbone-only or self-supervised weights)']
+
+
+@pytest.mark.parametrize('stated,heads', [(1, 1), (0, None), (5, None)],
+                         ids=['one-head', 'zero', 'not-a-divisor'])
+def test_a_head_count_in_the_metadata_is_taken_only_if_it_fits(stated, heads, timm_sd):
+    ckpt = load_softmax_checkpoint({'model': timm_sd,
+                                    'args': argparse.Namespace(num_heads=stated)})
+    assert ckpt.num_heads == heads
+    if heads is None:
+        assert (f"args['num_heads']={stated} does not fit embed_dims=192; num_heads left "
+                'unknown') in ckpt.notes
+    else:
+        assert f"num_heads=1 from args['num_heads']=1" in ckpt.notes
+        assert check_num_heads(1, 192) == 1

@@ -181,3 +181,76 @@ def test_a_wrapped_child_is_initialised_before_the_transfer():
     assert child.is_init
     assert torch.equal(child.fc.weight, torch.full((2, 2), 0.5))
     assert parent.transfer_report['setting'] == 'random'
+
+
+@pytest.fixture
+def init_info(monkeypatch):
+    """``{parameter name: init info}`` of the last top-level ``init_weights``, as mmengine
+    would log it."""
+    from mmengine.model import BaseModule
+    recorded = {}
+
+    def record(module):
+        recorded.clear()
+        recorded.update((name, module._params_init_info[param]['init_info'])
+                        for name, param in module.named_parameters())
+
+    monkeypatch.setattr(BaseModule, '_dump_init_info', record)
+    return recorded
+
+
+def test_the_copied_tensors_are_logged_as_the_transfers(ckpt_paths, init_info):
+    from mmpretrain.registry import MODELS
+    path = str(ckpt_paths['timm'])
+    model = MODELS.build(dict(
+        type='LinearViT', arch='tiny', attn_type='relu',
+        init_cfg=dict(type='SoftmaxTransfer', checkpoint=path, setting='mlpcopy')))
+    model.init_weights()
+    assert init_info['layers.0.ffn.layers.0.0.weight'] == (
+        f'SoftmaxTransferInit: mlpcopy from {path}')
+
+
+def test_what_a_child_initialises_itself_is_logged_as_its_own(init_info):
+    """A child whose ``init_weights`` changes a tensor after mmengine's part (as
+    mmpretrain's ViT does with its position embedding) is logged as that child's."""
+    from mmengine.model import BaseModule
+
+    class Child(BaseModule):
+
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.zeros(3))
+
+        def init_weights(self):
+            super().init_weights()
+            torch.nn.init.constant_(self.scale, 2.)
+
+    class Parent(BaseModule):
+
+        def __init__(self):
+            super().__init__(init_cfg=dict(type='SoftmaxTransfer', setting='random'))
+            self.child = Child()
+
+    parent = Parent()
+    parent.init_weights()
+    assert init_info['child.scale'] == 'Initialized by user-defined `init_weights` in Child '
+
+
+def test_a_plain_child_with_init_weights_is_initialised_before_the_transfer_too():
+    """Without ``is_init`` (not a BaseModule) its ``init_weights`` has not run, and mmengine
+    would run it after the transfer, over the copies."""
+    from linvit_mm.transfer.initializer import init_children_first
+
+    class PlainChild(torch.nn.Module):
+
+        def __init__(self):
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.zeros(3))
+
+        def init_weights(self):
+            torch.nn.init.constant_(self.bias, 3.)
+
+    parent = torch.nn.Module()
+    parent.plain = PlainChild()
+    init_children_first(parent)
+    assert torch.equal(parent.plain.bias, torch.full((3,), 3.))

@@ -1,4 +1,5 @@
 """Key maps: timm / release names to mmpretrain names, checked against mmpretrain itself."""
+import dataclasses
 from collections import OrderedDict
 
 import pytest
@@ -7,7 +8,8 @@ import torch
 
 from linvit_mm.testing import assert_rel_close
 from linvit_mm.transfer import load_softmax_checkpoint
-from linvit_mm.transfer.key_maps import KEY_MAPS, TIMM_KEYS, KeyMap, map_keys
+from linvit_mm.transfer.key_maps import (KEY_MAPS, TIMM_KEYS, TIMM_SWIGLU_KEYS, KeyMap, map_keys,
+                                        timm_key_map)
 
 
 @pytest.fixture(scope='module')
@@ -85,6 +87,8 @@ def test_fc_norm_goes_to_the_pooled_norm_or_on_request_the_final_norm(timm_sd):
     pooled = load_softmax_checkpoint(raw)
     assert torch.equal(pooled.state_dict['backbone.ln2.weight'], timm_sd['norm.weight'])
     assert 'backbone.ln1.weight' not in pooled.state_dict
+    assert any(note.startswith('the norm of the average-pooled patch tokens (timm/MAE fc_norm) '
+                               'is backbone.ln2') for note in pooled.notes)
 
     final = load_softmax_checkpoint(raw, fc_norm_target='ln1')
     assert torch.equal(final.state_dict['backbone.ln1.bias'], timm_sd['norm.bias'])
@@ -164,3 +168,31 @@ def test_a_key_map_is_data():
     assert notes == []
     assert family.has_blocks(state) and not TIMM_KEYS.has_blocks(state)
     assert KEY_MAPS['timm'] is TIMM_KEYS
+    # shared by every load: a change to one would reach all that follow
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        TIMM_KEYS.block = {}
+
+
+def _mlp(hidden_rows, hidden, width=8, dim=2):
+    fc1, fc2 = torch.zeros(hidden_rows, width), torch.zeros(width, hidden)
+    if dim == 4:  # a 1x1-conv MLP
+        fc1, fc2 = fc1[..., None, None], fc2[..., None, None]
+    return {'blocks.0.mlp.fc1.weight': fc1, 'blocks.0.mlp.fc2.weight': fc2}
+
+
+@pytest.mark.parametrize('state,key_map', [
+    (_mlp(hidden_rows=2 * 12, hidden=12), TIMM_SWIGLU_KEYS),  # gate and value rows packed
+    (_mlp(hidden_rows=12, hidden=12), TIMM_KEYS),
+    (_mlp(hidden_rows=2 * 12, hidden=12, dim=4), TIMM_KEYS),
+    ({'blocks.0.mlp.fc1.weight': torch.zeros(24, 8)}, TIMM_KEYS),
+], ids=['packed-swiglu', 'plain-mlp', 'not-linear', 'no-fc2'])
+def test_a_timm_swiglu_is_told_by_its_packed_first_layer(state, key_map):
+    assert timm_key_map(state) is key_map
+
+
+def test_the_swiglu_key_map_differs_from_the_plain_one_in_the_mlp_only():
+    def outside_mlp(block):
+        return {key: value for key, value in block.items() if not key.startswith('mlp.')}
+    assert outside_mlp(TIMM_SWIGLU_KEYS.block) == outside_mlp(TIMM_KEYS.block)
+    assert 'attn.qkv.weight' in outside_mlp(TIMM_SWIGLU_KEYS.block)
+    assert TIMM_SWIGLU_KEYS.block['mlp.fc1.weight'] == 'ffn.w12.weight'

@@ -182,3 +182,28 @@ def test_the_distillation_teacher_refuses_a_linear_checkpoint(tmp_path):
     hook = AttentionDistillHook(teacher=teacher)
     with pytest.raises(ValueError, match=r'ViT³ .*LeapLabTHU/ViTTT.*not a Softmax ViT'):
         hook.build_teacher('cpu')
+
+
+def test_the_description_names_four_keys_of_a_kind_at_most():
+    from linvit_mm.transfer.linear_sources import LinearSourceMatch
+    inline = next(source for source in LINEAR_SOURCES if source.name == 'inline')
+    keys = [f'blocks.{i}.attn.residual.0.weight' for i in range(5)]
+    assert LinearSourceMatch(inline, keys).describe() == (
+        'it holds 5 such tensor(s): ' + ', '.join(keys[:4])
+        + ', ... (local residual branch attn.residual)')
+    assert LinearSourceMatch(inline, keys[:4]).describe() == (
+        'it holds 4 such tensor(s): ' + ', '.join(keys[:4])
+        + ' (local residual branch attn.residual)')
+
+
+def test_tensors_are_looked_for_two_mappings_deep():
+    """A checkpoint's own top level and the mappings it holds (``state_dict``, ``model``,
+    ``teacher``) and theirs: deeper nesting is no checkpoint layout."""
+    def nested(levels):
+        holder = {'blocks.0.attn.residual.0.weight': torch.zeros(1)}
+        for level in range(levels):
+            holder = {f'level{level}': holder}
+        return holder
+    assert detect_linear_source(nested(0)) is not None
+    assert detect_linear_source(nested(2)).keys == ['blocks.0.attn.residual.0.weight']
+    assert detect_linear_source(nested(3)) is None

@@ -59,7 +59,11 @@ def test_dinov3_bias_is_masked_and_an_all_zero_one_dropped(timm_source, release)
     state = release('dinov3-small', timm_source('dinov3-small', img_size=64).state_dict())
     ckpt = load_softmax_checkpoint(state)
     assert not ckpt.qkv_bias
-    assert any('all-zero qkv bias' in note for note in ckpt.notes)
+    assert 'DINOv3: 2 all-zero qkv bias(es) left out (timm\'s vit_*_dinov3 has no qkv bias)' \
+        in ckpt.notes
+    assert ckpt.unused_groups['all-zero qkv bias (DINOv3 distilled ViTs; timm builds them '
+                              'without one)'] == ['blocks.0.attn.qkv.bias',
+                                                  'blocks.1.attn.qkv.bias']
     # DINOv3 ..._qkvb: a real bias, whose key rows the mask zeroes
     for key in [k for k in state if k.endswith('.attn.qkv.bias')]:
         state[key] = torch.arange(1., 1 + 3 * 64, dtype=torch.float64)
@@ -89,7 +93,7 @@ def test_eva_attention_and_swiglu_fold_into_plain_names():
     assert torch.equal(state['blocks.0.mlp.fc1.weight'], torch.cat([gate, value]))
     assert not any(key.endswith(('q_bias', 'v_bias', '_proj.weight', 'fc1_g.weight'))
                    for key in state)
-    assert len(notes) == 2
+    assert len(notes) == 3
     assert timm_key_map(state) is TIMM_SWIGLU_KEYS
     plain = {'blocks.0.mlp.fc1.weight': torch.randn(12, 8),
              'blocks.0.mlp.fc2.weight': torch.randn(8, 12)}
@@ -136,4 +140,43 @@ def test_separate_qkv_projections_without_biases_fold_into_one_weight():
     assert list(state) == ['blocks.0.attn.qkv.weight']
     assert torch.equal(state['blocks.0.attn.qkv.weight'],
                        torch.cat([weights['q'], weights['k'], weights['v']]))
-    assert len(notes) == 1 and notes[0].endswith('; separate q/k/v projections as one qkv')
+    assert notes == ['EVA attention: the separate q/k/v projections are read as one qkv']
+
+
+@pytest.mark.parametrize('word,note', [
+    ('clip-base', "CLIP: read the image tower ('visual.*')"),
+    ('dinov2-reg-small', 'DINOv2 with registers: the class-token slot of pos_embed is added to '
+                         "cls_token and dropped (timm's no_embed_class layout, the same "
+                         'function)'),
+])
+def test_what_a_release_reading_changes_is_noted(word, note, timm_source, release):
+    timm_state = timm_source(word, img_size=4 * patch(word)).state_dict()
+    assert note in load_softmax_checkpoint(release(word, timm_state)).notes
+
+
+_QV_NOTE = ("EVA attention: the query and value biases (the key's fixed at zero) are read as "
+            'one qkv bias with zero key rows')
+_PROJ_NOTE = 'EVA attention: the separate q/k/v projections are read as one qkv'
+_SWIGLU_NOTE = ('SwiGLU: the gate (fc1_g) and value (fc1_x) layers are read as one packed '
+                'layer, gate rows first')
+
+
+@pytest.mark.parametrize('keys,notes', [
+    (('attn.q_bias', 'attn.v_bias'), [_QV_NOTE]),
+    (('attn.q_proj.weight', 'attn.k_proj.weight', 'attn.v_proj.weight', 'attn.q_proj.bias',
+      'attn.v_proj.bias'), [_QV_NOTE, _PROJ_NOTE]),
+    (('mlp.fc1_g.weight', 'mlp.fc1_x.weight'), [_SWIGLU_NOTE]),
+    (('attn.qkv.weight', 'mlp.fc1.weight'), []),
+], ids=['eva-biases', 'eva-projections', 'swiglu', 'plain'])
+def test_each_fold_is_noted_and_only_a_fold(keys, notes):
+    state = OrderedDict((f'blocks.0.{key}', torch.zeros(4, 4)) for key in keys)
+    assert merge_timm_variants(state)[1] == notes
+
+
+@pytest.mark.parametrize('alone', ['q_proj', 'v_proj'])
+def test_separate_projections_with_one_bias_are_refused(alone):
+    state = OrderedDict((f'blocks.0.attn.{part}_proj.weight', torch.zeros(4, 4)) for part in 'qkv')
+    state[f'blocks.0.attn.{alone}.bias'] = torch.zeros(4)
+    with pytest.raises(ValueError, match=r'blocks\.0\.attn\.q_proj and blocks\.0\.attn\.v_proj: '
+                                         'only one of them has a bias'):
+        merge_timm_variants(state)
