@@ -160,7 +160,7 @@ def _write_value_output(attn, alpha, beta):
     value, output = identity_plus_noise_factors(C, C, alpha, beta, sign=-1)
     value, output = value[0], output[0]
     weight = attn.qkv.weight
-    weight[2 * C:3 * C].copy_(value.T)
+    weight[2 * C:].copy_(value.T)  # the value rows: the shape is checked to be (3C, C)
     attn.proj.weight.copy_(output.T)
 
 

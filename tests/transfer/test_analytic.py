@@ -168,3 +168,49 @@ def test_the_defaults_are_the_published_constants():
     # Zheng et al. (NeurIPS 2025), the authors' timm post_weight_init='impulse'
     assert IMPULSE_DEFAULTS == dict(pos_scale=18., qk_gain=7., impulse_value=1000.,
                                     noise_std=0.6, noise_scale=3., vo_alpha=0.4, vo_beta=0.4)
+
+
+def test_factors_of_rank_one_and_the_default_sign():
+    from linvit_mm.transfer.analytic import identity_plus_noise_factors
+    left, right = identity_plus_noise_factors(4, 1, alpha=0., beta=2.)
+    assert left.shape == (1, 4, 1) and right.shape == (1, 1, 4)
+    # without noise the target is +beta I (sign 1): its best rank-1 part has trace beta
+    assert torch.trace((left @ right)[0]).item() == pytest.approx(2.)
+    left, right = identity_plus_noise_factors(4, 4, alpha=0., beta=2.)
+    torch.testing.assert_close(left @ right, 2. * torch.eye(4)[None], atol=1e-6, rtol=0)
+
+
+def test_impulse_targets_hold_the_impulse_and_scaled_truncated_noise():
+    from linvit_mm.transfer.analytic import impulse_attention_targets
+    torch.manual_seed(SEED)
+    targets = impulse_attention_targets([(0, 0), (0, 1)], (16, 16), impulse_value=1000.,
+                                        noise_std=0.6, noise_scale=3.)
+    assert targets.shape == (2, 256, 256)
+    assert torch.equal(targets[0].diagonal(), torch.full((256,), 1000., dtype=torch.float64))
+    # query (r, c) -> key (r, c + 1); the last column has no key to its right
+    hits = targets[1] == 1000.
+    assert hits.sum() == 16 * 15 and hits[0, 1] and not hits[15].any()
+    noise = targets[targets != 1000.]
+    assert abs(noise.std().item() - 0.6 * 3.) < 0.03
+    assert noise.abs().max() <= 2. * 3.  # trunc_normal_ cuts at +-2, then the scale
+
+
+def test_impulse_factors_have_the_gain_as_frobenius_norm_per_head():
+    from linvit_mm.transfer.analytic import impulse_qk_factors
+    torch.manual_seed(SEED)
+    position_embed, targets = torch.randn(16, 12), torch.randn(3, 16, 16)
+    left, right = impulse_qk_factors(position_embed, targets, rank=4, gain=7.)
+    assert left.shape == (3, 12, 4) and right.shape == (3, 4, 12)
+    for factor in (left, right):
+        torch.testing.assert_close(factor.flatten(1).norm(dim=1),
+                                   torch.full((3,), 7., dtype=torch.float64))
+
+
+def test_an_attention_whose_output_projection_alone_differs_is_refused():
+    from linvit_mm.transfer import analytic
+    torch.manual_seed(SEED)
+    model = LinearViT(arch=dict(embed_dims=32, num_layers=1, num_heads=2,
+                                feedforward_channels=64), img_size=32, attn_type='softmax')
+    model.layers[0].attn.proj = torch.nn.Linear(64, 32)
+    with pytest.raises(ValueError, match=r'qkv \(96, 32\), proj \(32, 64\)\); Mimetic'):
+        analytic.mimetic_init(model, **analytic.MIMETIC_DEFAULTS)
