@@ -217,12 +217,10 @@ def impulse_init(module, pos_scale, qk_gain, impulse_value, noise_std, noise_sca
         module.pos_embed.mul_(pos_scale)
         written.append('pos_embed')
     position_embed = _patch_position_embedding(module)
-    offsets = None
     for index, attn in layers:
-        if offsets is None or len(offsets) != attn.num_heads:
-            offsets = impulse_offsets(attn.num_heads)
-        targets = impulse_attention_targets(offsets, module.patch_resolution, impulse_value,
-                                            noise_std, noise_scale)
+        targets = impulse_attention_targets(impulse_offsets(attn.num_heads),
+                                            module.patch_resolution, impulse_value, noise_std,
+                                            noise_scale)
         query, key = impulse_qk_factors(position_embed, targets, attn.head_dims, qk_gain)
         for head in range(attn.num_heads):
             _write_query_key(attn, head, query[head], key[head])

@@ -50,7 +50,16 @@ def diagonal_ratio(matrix):
 @pytest.mark.parametrize('attn_type', ['softmax', 'mhla'], ids=['learned-pos', 'sincos-pos'])
 def test_impulse_heads_attend_to_their_offset_from_position_embeddings(attn_type, build):
     model = build(attn_type)
-    transfer_softmax_weights(model, setting='impulse')
+    learned_before = None if model.pos_embed is None else model.pos_embed.detach().clone()
+    report = transfer_softmax_weights(model, setting='impulse')
+    if learned_before is not None:
+        # every slot scaled by 18, the class slot included
+        torch.testing.assert_close(model.pos_embed.detach(), 18. * learned_before)
+    assert ('pos_embed' in report['analytic']) == (learned_before is not None)
+    with torch.no_grad():
+        for layer in model.layers:  # the value/output pair as Mimetic's: 0.4 Z - 0.4 I
+            vo = layer.attn.qkv.weight[2 * C:].double().T @ layer.attn.proj.weight.double().T
+            assert abs(vo.diagonal().mean().item() + 0.4) < 0.03
     H, W = model.patch_resolution
     rows, cols = torch.arange(H).repeat_interleave(W), torch.arange(W).repeat(H)
     # centre first, then up and right (DeiT-Tiny has three heads)
