@@ -263,3 +263,17 @@ def test_each_sign_of_an_ibot_student_makes_an_ibot_teacher(key, timm_sd):
     ckpt = load_softmax_checkpoint({'teacher': OrderedDict(timm_sd, **{key: torch.zeros(4)}),
                                     'student': student})
     assert ckpt.source_format == 'ibot'
+
+
+@pytest.mark.parametrize('container,beside,layout', [
+    ('model', {}, 'deit-official'),
+    ('state_dict', {}, 'ibot'),  # iBOT's released backbone files hold nothing else
+    ('state_dict', {'arch': 'deit_tiny_patch16_224', 'version': 2}, 'timm'),  # timm train.py
+    ('state_dict', {'ibot_loss': {}}, 'ibot'),
+    (None, {}, 'timm'),
+], ids=['model', 'state-dict-alone', 'state-dict-of-timm-train', 'state-dict-with-ibot-loss',
+        'bare'])
+def test_the_container_of_a_timm_named_encoder_tells_its_layout(container, beside, layout,
+                                                                timm_sd):
+    raw = dict(timm_sd) if container is None else dict({container: timm_sd}, **beside)
+    assert load_softmax_checkpoint(raw).source_format == layout

@@ -356,3 +356,15 @@ def test_tensors_of_no_component_are_reported_as_other(ckpt_paths, sources, stat
         assert torch.equal(after[name], value), name
     assert torch.equal(after['backbone.layers.0.attn.qkv.weight'],
                        sources['layers.0.attn.qkv.weight'])
+
+
+@pytest.mark.parametrize('attn_type,noted', [('mhla', True), ('softmax', False)],
+                         ids=['sincos-pos', 'learned-pos'])
+def test_impulse_notes_a_fixed_position_embedding_it_cannot_rescale(attn_type, noted, build):
+    model = build(attn_type)
+    notes = transfer_softmax_weights(model, setting='impulse')['notes']
+    note = ('impulse: the model has no learned pos_embed; query/key were solved against its '
+            f'fixed sin-cos embedding of the {tuple(model.patch_resolution)} grid, which is not '
+            'rescaled')
+    assert (note in notes) == noted
+    assert not any(n.startswith('impulse:') and n != note for n in notes)
