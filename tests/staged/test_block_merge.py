@@ -86,3 +86,26 @@ def test_merge_aligned_blocks_refuses_a_job_holding_non_finite_values(base, valu
     with pytest.raises(ValueError, match=r'b\.pth: 1 tensor\(s\) hold non-finite values') as info:
         merge_aligned_blocks({'a.pth': job(base, [0, 2]), 'b.pth': bad})
     assert 'backbone.layers.1.attn.proj.weight: 1 ' in str(info.value)
+
+
+@pytest.mark.parametrize('more_first', [False, True], ids=['second-has-more', 'first-has-more'])
+def test_jobs_holding_different_tensors_are_named_by_five_keys_at_most(base, more_first):
+    more = job(base, [1] if not more_first else [0, 2])
+    for i in range(6):
+        more['state_dict'][f'backbone.extra{i}'] = torch.zeros(1)
+    plain = job(base, [0, 2] if not more_first else [1])
+    jobs = {'a.pth': more, 'b.pth': plain} if more_first else {'a.pth': plain, 'b.pth': more}
+    with pytest.raises(ValueError) as info:
+        merge_aligned_blocks(jobs)
+    extra = [f'backbone.extra{i}' for i in range(5)]
+    in_b, in_a = ([], extra) if more_first else (extra, [])
+    assert (f'b.pth and a.pth hold different tensors (only in b.pth: {in_b}; only in a.pth: '
+            f'{in_a})') in str(info.value)
+
+
+def test_a_trained_block_beyond_the_depth_is_refused(base):
+    beyond = job(base, [1])
+    beyond['meta'][RECORD_KEY]['trained_layers'] = [1, 3]
+    with pytest.raises(ValueError, match=r'b\.pth records trained blocks \[3\] outside the 3 '
+                                         r'blocks'):
+        merge_aligned_blocks({'a.pth': job(base, [0, 2]), 'b.pth': beyond})
