@@ -181,3 +181,48 @@ def test_dinov2_dense_configs_build(config, tmp_path):
     backbone = registry.build(backbone_cfg)
     maps = backbone(torch.rand(1, 3, 96, 128))
     assert [tuple(m.shape[-2:]) for m in maps] == [(24, 32), (12, 16), (6, 8), (3, 4)]
+
+
+# ------------------------------------------------------------- what a reshape touches
+
+def _vit():
+    return dict(type='LinearViT', arch=dict(MINI_SIZES), attn_type='relu')
+
+
+def test_every_vit_is_reshaped_once_wherever_it_sits():
+    cfg = Config(dict(
+        model=dict(type='ImageClassifier', backbone=_vit()),
+        teachers=[dict(type='Other'), _vit()],
+        wrapper=dict(type='Wrapper', vit=_vit()),  # holds a ViT, is no adapter
+        neck=dict(type='LinearViTAdapter', vit=dict(arch=dict(MINI_SIZES)))))
+    assert demo_sources.reshape_for_source(cfg, 'dinov2') == [
+        'model.backbone', 'teachers[1]', 'wrapper.vit', 'neck.vit']
+    for vit in (cfg.model.backbone, cfg.teachers[1], cfg.wrapper.vit, cfg.neck.vit):
+        assert vit.arch['patch_size'] == 14 and vit.img_size == 112
+
+
+@pytest.mark.parametrize('pipeline,expected', [
+    ([dict(type='LoadImageFromFile'), dict(type='RandomResizedCrop', scale=64),
+      dict(type='PackInputs')],
+     [dict(type='LoadImageFromFile'), dict(type='RandomResizedCrop', scale=112),
+      dict(type='PackInputs')]),
+    ([dict(type='Flip'), dict(type='LoadImageFromFile'), dict(type='PackInputs')],
+     [dict(type='Flip'), dict(type='LoadImageFromFile'), dict(type='Resize', scale=(112, 112)),
+      dict(type='PackInputs')]),
+], ids=['random-resized-crop', 'no-resize'])
+def test_a_classification_pipeline_is_sized_for_the_source(pipeline, expected):
+    demo_sources._resize_classification_pipeline(pipeline, 112)
+    assert pipeline == expected
+
+
+@pytest.mark.parametrize('step', ['Resize', 'CenterCrop'])
+def test_a_pipeline_that_sizes_its_images_otherwise_is_refused(step):
+    pipeline = [dict(type='LoadImageFromFile'), dict(type=step), dict(type='PackInputs')]
+    with pytest.raises(ValueError, match=f'a classification pipeline with {step} cannot be '
+                                         'resized'):
+        demo_sources._resize_classification_pipeline(pipeline, 112)
+
+
+def test_the_config_dir_is_made_when_missing(tmp_path):
+    configs = demo_sources.DemoConfigs('dinov2', str(tmp_path / 'not' / 'yet'))
+    assert Path(configs.path(demo_recipes.TEACHER_CONFIG)).is_file()
