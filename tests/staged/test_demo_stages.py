@@ -1,6 +1,7 @@
 """linvit_mm.staged.demo_stages: the console's view of the tools' logs and the reuse of finished
 stages."""
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,70 @@ def test_a_given_runner_runs_the_stage_instead_of_a_subprocess(monkeypatch, tmp_
     run = demo_stages.train(str(config), str(tmp_path / 'w'), ['a=1'], False,
                             metric_name='accuracy/top1', runner=fake)
     assert run.metric == 41.0 and fake.calls == 1
+
+
+# ------------------------------------------------------------------- the two runners
+
+TOOL = '''import os, sys
+def main(argv):
+    print('Iter(train) [1/2]  base_lr: 2  lr: 1')
+    print('env', os.environ.get('OMP_NUM_THREADS'), os.environ.get('PYTHONUNBUFFERED'))
+    for i in range(40):
+        print(f'line {i}')
+    print('argv', argv)
+    if argv and argv[0] == 'fail':
+        raise RuntimeError('asked to fail')
+if __name__ == '__main__':
+    try:
+        main(sys.argv[1:])
+    except RuntimeError:
+        sys.exit(2)
+'''
+
+
+@pytest.fixture
+def tool(tmp_path):
+    path = tmp_path / 'train.py'
+    path.write_text(TOOL)
+    return str(path)
+
+
+def test_a_subprocess_run_is_logged_and_shows_its_progress(tool, tmp_path, capsys):
+    log_path = tmp_path / 'run.log'
+    output = demo_stages.run_tool([tool, 'ok'], str(log_path), threads=3)
+    assert log_path.read_text() == output
+    assert 'env 3 1\n' in output and "argv ['ok']\n" in output
+    shown = capsys.readouterr().out
+    assert shown == '    Iter(train) [1/2]  lr: 1\n'  # base_lr hidden
+    demo_stages.run_tool([tool], str(log_path), show=False)
+    assert capsys.readouterr().out == ''
+
+
+def test_a_failed_subprocess_run_names_its_log_and_shows_its_last_lines(tool, tmp_path):
+    log_path = tmp_path / 'run.log'
+    with pytest.raises(SystemExit) as info:
+        demo_stages.run_tool([tool, 'fail'], str(log_path), show=False)
+    message = str(info.value)
+    assert message.startswith(f'demo: {tool} fail failed (exit 2); log: {log_path}\n')
+    assert 'line 39\n' in message and 'line 11\n' in message and 'line 10\n' not in message
+
+
+def test_an_in_process_run_calls_main_once_loaded(tool, tmp_path):
+    import torch
+    threads = torch.get_num_threads()
+    runner = demo_stages.InProcessTools(threads=1, label='here')
+    try:
+        output = runner([tool, 'ok'], str(tmp_path / 'a.log'))
+        assert torch.get_num_threads() == 1
+        runner([tool, 'again'], str(tmp_path / 'b.log'), threads=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert (tmp_path / 'a.log').read_text() == output
+    # a train.py run is named apart from any other run of the same config in this second
+    assert re.search(r"argv \['ok', 'experiment_name=here_[0-9a-f]{12}'\]", output)
+    assert list(runner.modules) == [tool]
+    with pytest.raises(SystemExit, match=rf"here: {re.escape(tool)} fail failed "
+                                         rf"\(RuntimeError\('asked to fail'\)\); log: "):
+        runner([tool, 'fail'], str(tmp_path / 'c.log'))
+    assert 'line 39' in (tmp_path / 'c.log').read_text()
