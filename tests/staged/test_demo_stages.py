@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from linvit_mm.staged import demo_stages
+from linvit_mm.staged import demo_sources, demo_stages
 from linvit_mm.staged import recipes as demo_recipes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -167,3 +167,114 @@ def test_an_in_process_run_calls_main_once_loaded(tool, tmp_path):
                                          rf"\(RuntimeError\('asked to fail'\)\); log: "):
         runner([tool, 'fail'], str(tmp_path / 'c.log'))
     assert 'line 39' in (tmp_path / 'c.log').read_text()
+
+
+# ------------------------------------------------------------------ the stages' wiring
+
+class RecordingRunner(FakeTrain):
+    """``FakeTrain`` that records each call and prints two validations (the last counts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.runs = []
+
+    def __call__(self, args, log_path, show=True, threads=None):
+        self.runs.append(dict(args=list(args), log=log_path, show=show, threads=threads))
+        if args[0] != 'tools/train.py':
+            return ''
+        super().__call__(args, log_path)
+        return 'Epoch(val) [1][4/4]    accuracy/top1: 10.0\n' \
+               'Epoch(val) [2][4/4]    accuracy/top1: 20.0\n'
+
+
+def _without_seed(run):
+    return {key: value for key, value in run.items() if key != 'seed'}
+
+
+@pytest.fixture
+def recipe_run(tmp_path):
+    teacher = tmp_path / 'teacher.pth'
+    teacher.write_bytes(b'weights')
+    return dict(seed=3, steps=8, attn_type='relu', teacher=str(teacher),
+                data_root=str(tmp_path / 'data'), configs=demo_sources.DemoConfigs('vit'),
+                work_dir=str(tmp_path / 'run'))
+
+
+def test_a_recipe_runs_its_stages_in_order_each_from_the_last(recipe_run):
+    runner = RecordingRunner()
+    run = demo_stages.run_recipe('staged-1-3-lora', force=False, threads=2, runner=runner,
+                                 **recipe_run)
+    work_dir = recipe_run['work_dir']
+    align, lora = runner.runs
+    assert [r['args'][1] for r in runner.runs] == [
+        recipe_run['configs'].path(demo_recipes.CLS_CONFIG.format(stage=stage))
+        for stage in ('align-attn', 'staged-lora')]
+    assert [r['args'][3] for r in runner.runs] == [f'{work_dir}/align-attn',
+                                                   f'{work_dir}/staged-lora']
+    assert all(r['show'] is False and r['threads'] == 2 for r in runner.runs)
+    assert (f'model.backbone.module.init_cfg.checkpoint={work_dir}/align-attn/iter_1.pth'
+            in lora['args'])
+    assert run.checkpoint == f'{work_dir}/staged-lora/iter_1.pth' and run.metric == 20.0
+    assert 0 <= run.seconds < 60 and not run.reused
+    assert demo_stages.run_recipe('staged-1-3-lora', force=False, runner=runner,
+                                  **recipe_run).reused
+    assert len(runner.runs) == 2
+
+
+def test_a_lora_run_is_merged_into_a_plain_checkpoint(recipe_run):
+    runner = RecordingRunner()
+    run = demo_stages.run_recipe('staged-1-3-lora', force=False, runner=runner, **recipe_run)
+    work_dir = recipe_run['work_dir']
+    merged = demo_stages.plain_checkpoint('staged-1-3-lora', 3, run.checkpoint, runner=runner,
+                                          **_without_seed(recipe_run))
+    assert merged == f'{work_dir}/staged-lora/merged.pth'
+    merge = runner.runs[-1]
+    options = demo_recipes.stage_options(
+        'staged-lora', 6, attn_type='relu', seed=3, teacher=recipe_run['teacher'],
+        data_root=recipe_run['data_root'], previous=f'{work_dir}/align-attn/iter_1.pth')
+    assert merge['args'] == [demo_stages.MERGE_LORA, recipe_run['configs'].path(
+        demo_recipes.CLS_CONFIG.format(stage='staged-lora')), run.checkpoint, merged,
+        '--cfg-options', *options]
+    assert merge['show'] is False and merge['log'] == f'{work_dir}/staged-lora/merge.log'
+    calls = len(runner.runs)
+    assert demo_stages.plain_checkpoint('staged-1-2-3', 3, 'x.pth', runner=runner,
+                                        **_without_seed(recipe_run)) == 'x.pth'
+    assert len(runner.runs) == calls
+
+
+def test_the_teacher_and_a_test_run_take_their_own_options(recipe_run, tmp_path):
+    runner = RecordingRunner()
+    data_root = recipe_run['data_root']
+    run = demo_stages.train_teacher(str(tmp_path / 'teacher'), data_root, 5, False,
+                                    recipe_run['configs'], runner=runner)
+    assert run.metric == 20.0
+    config = recipe_run['configs'].path(demo_recipes.TEACHER_CONFIG)
+    assert runner.runs[0]['args'] == [
+        'tools/train.py', config, '--work-dir', str(tmp_path / 'teacher'), '--cfg-options',
+        *demo_recipes.data_options(os.path.join(data_root, demo_recipes.TEACHER_SET)),
+        *demo_recipes.schedule_options(demo_recipes.TEACHER_CONFIG, 5)]
+    demo_stages.run_test(config, run.checkpoint, str(tmp_path), ['a=1'], extra=('--tta', ),
+                         runner=runner)
+    assert runner.runs[-1] == dict(
+        args=['tools/test.py', config, run.checkpoint, '--work-dir', str(tmp_path), '--tta',
+              '--cfg-options', 'a=1'], log=str(tmp_path / 'test.log'), show=False,
+        threads=None)
+
+
+def test_a_run_that_fails_leaves_no_record_of_the_earlier_one(tmp_path):
+    config = tmp_path / 'c.py'
+    config.write_text('x = 1\n')
+    demo_stages.train(str(config), str(tmp_path / 'w'), ['a=1'], False, runner=FakeTrain())
+
+    def fail(*args, **kwargs):
+        raise SystemExit('failed')
+
+    with pytest.raises(SystemExit):
+        demo_stages.train(str(config), str(tmp_path / 'w'), ['a=2'], False, runner=fail)
+    assert not (tmp_path / 'w' / 'demo_run.json').exists()
+
+
+def test_the_last_value_of_a_metric_is_read():
+    assert demo_stages.metric('mIoU: 1.5\nmIoU: -2.25\n', 'mIoU') == -2.25
+    with pytest.raises(SystemExit, match='demo: the output has no mIoU'):
+        demo_stages.metric('aAcc: 3\n', 'mIoU')
