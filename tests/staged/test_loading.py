@@ -1,5 +1,6 @@
 """LinearViTCheckpoint: a LinearViT checkpoint loads strictly, operator by operator."""
 import copy
+import logging
 
 import pytest
 import torch
@@ -125,3 +126,36 @@ def test_staged_loader_names_a_truncated_file(tmp_path):
     path.write_bytes(data[:len(data) - 100])
     with pytest.raises(ValueError, match=f'checkpoint {path} cannot be read, it is truncated'):
         load_linear_vit_checkpoint(vit('relu'), str(path))
+
+
+def test_the_initialiser_requires_a_record_and_a_path_by_default(tmp_path):
+    assert LinearViTCheckpointInit('a.pth').require_record is True
+    with pytest.raises(TypeError, match="checkpoint must be a file path, got ''"):
+        LinearViTCheckpointInit('')
+
+
+def test_a_block_init_cfg_runs_before_the_load_and_the_load_is_logged(tmp_path, monkeypatch):
+    from mmengine.logging import MMLogger
+    from mmengine.model import BaseModule
+    source = vit('relu', seed=1)
+    path = write_recorded_checkpoint(tmp_path / 'relu.pth', source, stage='align-attn')
+    target = MODELS.build(tiny_vit_cfg(
+        'relu', init_cfg=dict(type='LinearViTCheckpoint', checkpoint=str(path)),
+        layer_cfgs=dict(init_cfg=dict(type='Constant', val=0, layer='Linear'))))
+    infos = {}
+    monkeypatch.setattr(BaseModule, '_dump_init_info', lambda module: infos.update(
+        (name, module._params_init_info[p]['init_info']) for name, p in module.named_parameters()))
+    messages = []
+    logger = MMLogger.get_current_instance()
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        target.init_weights()
+    finally:
+        logger.removeHandler(handler)
+    assert unchanged(target, source.state_dict())  # the blocks' constants came first
+    assert infos['layers.0.attn.qkv.weight'] == (
+        f"LinearViTCheckpointInit: {path} (prefix 'backbone.')")
+    assert (f"LinearViTCheckpoint: loaded {len(source.state_dict())} tensors under 'backbone.' "
+            f"from {path} (stage 'align-attn')") in messages
