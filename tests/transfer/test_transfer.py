@@ -368,3 +368,29 @@ def test_impulse_notes_a_fixed_position_embedding_it_cannot_rescale(attn_type, n
             'rescaled')
     assert (note in notes) == noted
     assert not any(n.startswith('impulse:') and n != note for n in notes)
+
+
+def test_many_misfit_tensors_are_counted_and_five_named(timm_sd, build):
+    sd = OrderedDict(timm_sd)
+    for i in range(7):
+        sd[f'blocks.{i}.mlp.fc1.bias'] = torch.zeros(700)
+    with pytest.raises(ValueError) as info:
+        transfer_softmax_weights(build('elu'), sd, setting='fullcopy')
+    message = str(info.value)
+    assert '  7 tensor(s) differ in shape, the first:\n' in message
+    named = re.findall(r'^    backbone\.layers\.(\d)\.ffn\.layers\.0\.0\.bias: ', message, re.M)
+    assert named == ['0', '1', '2', '3', '4']
+
+
+def test_a_checkpoint_object_with_non_float_tensors_is_refused(timm_sd, build, refuses):
+    """A ``SoftmaxCheckpoint`` built in memory is not read through the file checks."""
+    from linvit_mm.transfer import SoftmaxCheckpoint, load_softmax_checkpoint
+    ckpt = load_softmax_checkpoint(timm_sd)
+    state = OrderedDict(ckpt.state_dict)
+    for i in range(6):
+        state[f'backbone.layers.{i}.ffn.layers.1.bias'] = torch.zeros(192, dtype=torch.int32)
+    integer = SoftmaxCheckpoint(**dict(vars(ckpt), state_dict=state))
+    refuses(build('elu'), integer, setting='mlpcopy', match=(
+        r'holds 6 selected tensor\(s\) that are not floating point.*:\n  '
+        r'backbone\.layers\.0\.ffn\.layers\.1\.bias: torch\.int32\n(  backbone.*\n){4}  \.\.\.\n'
+        r'Nothing was copied'))
