@@ -1,4 +1,7 @@
 """LoRA around a LinearViT with mmpretrain's LoRAModel: target checks and merging."""
+import logging
+import types
+
 import pytest
 import torch
 from mmpretrain.registry import MODELS
@@ -68,3 +71,134 @@ def test_lora_base_digest_tells_the_frozen_weights_apart_not_the_factors():
     with torch.no_grad():
         again.backbone.module.layers[2].ln1.bias[5] += 1e-6
     assert lora_base_digest(again.backbone) != digest
+
+
+# ------------------------------------------------------- the record and the checked merge
+
+def test_factor_names_and_the_digest_of_names_shapes_and_bytes():
+    from linvit_mm.staged import lora_base_digest
+    from linvit_mm.staged.lora import _is_factor
+    assert _is_factor('lora_up.weight') and _is_factor('layers.0.attn.qkv.lora_down.weight')
+    assert not _is_factor('weight') and not _is_factor('layers.0.attn.qkv.weight')
+
+    def digest(**tensors):
+        module = torch.nn.Module()
+        for name, tensor in tensors.items():
+            module.register_buffer(name, tensor)
+        return lora_base_digest(types.SimpleNamespace(module=module))
+    zeros = torch.zeros(2, 3)
+    assert digest(a=zeros) == digest(a=zeros.clone())
+    assert len({digest(a=zeros), digest(a=zeros.reshape(3, 2)), digest(b=zeros)}) == 3
+
+
+def _recorded(model, **lora_changes):
+    from linvit_mm.staged import RECORD_KEY, lora_record
+    record = lora_record(model)
+    record[''.join(record)] = dict(record[''.join(record)], **lora_changes)
+    return {'state_dict': model.state_dict(),
+            'meta': {RECORD_KEY: {'lora': record, 'trained_layers': [0]}}}
+
+
+def test_the_record_names_each_lora_model_and_takes_a_digest_given():
+    from linvit_mm.staged import lora_base_digest, lora_record
+    model = lora_classifier()
+    record = lora_record(model)
+    assert list(record) == ['backbone']
+    assert record['backbone'] == dict(alpha=16, rank=4, targets=list(LORA_TARGETS.values()),
+                                      base_sha256=lora_base_digest(model.backbone))
+    assert lora_record(model, base_digests={'backbone': 'given'})['backbone'][
+        'base_sha256'] == 'given'
+    assert lora_record(model, base_digests={'other': 'x'})['backbone']['base_sha256'] == \
+        record['backbone']['base_sha256']
+
+
+def test_a_checked_merge_folds_the_factors_and_records_the_merge(tmp_path):
+    from linvit_mm.staged import RECORD_KEY, lora_record, merge_lora_checkpoint
+    trained = lora_classifier()
+    merged = merge_lora_checkpoint(lora_classifier(), _recorded(trained), 'run.pth')
+    expected = merged_state_dict(trained)
+    assert set(merged['state_dict']) == set(expected)
+    for key, value in expected.items():
+        assert torch.equal(merged['state_dict'][key], value), key
+    record = merged['meta'][RECORD_KEY]
+    assert record['stage'] == 'lora-merged' and record['trained_layers'] == [0]
+    assert record['lora'] == lora_record(trained)
+    assert record['merged_from'].endswith('run.pth') and list(record['backbones']) == [
+        'backbone.']
+
+
+@pytest.mark.parametrize('change,problem', [
+    (dict(alpha=8), 'LoRAModel backbone: alpha differs: checkpoint 8, config 16'),
+    (dict(base_sha256='0' * 64), 'LoRAModel backbone: its base weights are not those the '
+                                 'factors were trained on'),
+], ids=['alpha', 'base'])
+def test_a_merge_with_another_config_is_refused_naming_the_difference(change, problem):
+    from linvit_mm.staged import merge_lora_checkpoint
+    with pytest.raises(ValueError) as info:
+        merge_lora_checkpoint(lora_classifier(), _recorded(lora_classifier(), **change),
+                              'run.pth')
+    message = str(info.value)
+    assert message.startswith('run.pth does not fit the LoRA model of the config, nothing was '
+                              'merged:\n  - ') and problem in message
+    assert message.count('\n  - ') == 1
+
+
+def test_a_record_of_other_lora_models_is_refused():
+    from linvit_mm.staged import RECORD_KEY, merge_lora_checkpoint
+    checkpoint = _recorded(lora_classifier())
+    lora = checkpoint['meta'][RECORD_KEY]['lora']
+    lora['neck'] = lora.pop('backbone')
+    with pytest.raises(ValueError) as info:
+        merge_lora_checkpoint(lora_classifier(), checkpoint, 'run.pth')
+    assert ("LoRAModel backbone: the checkpoint records no LoRA settings for it (it records "
+            "['neck'])") in str(info.value)
+    assert ("the checkpoint records LoRAModels the config does not have: ['neck']"
+            in str(info.value))
+
+
+def test_tensors_that_do_not_fit_are_named():
+    from linvit_mm.staged import merge_lora_checkpoint
+    checkpoint = _recorded(lora_classifier())
+    state = checkpoint['state_dict']
+    del state['head.layers.head.bias']
+    state['extra.weight'] = torch.zeros(1)
+    state['head.layers.head.weight'] = torch.zeros(4, 32)
+    with pytest.raises(ValueError) as info:
+        merge_lora_checkpoint(lora_classifier(), checkpoint, 'run.pth')
+    message = str(info.value)
+    assert '  - missing: head.layers.head.bias' in message
+    assert '  - not in the model: extra.weight' in message
+    assert ('  - shapes that differ: head.layers.head.weight: checkpoint (4, 32), model '
+            '(3, 32)') in message
+
+
+def test_an_unrecorded_run_merges_only_when_allowed():
+    from mmengine.logging import MMLogger
+
+    from linvit_mm.staged import merge_lora_checkpoint
+    trained = lora_classifier()
+    unrecorded = {'state_dict': trained.state_dict()}
+    with pytest.raises(ValueError, match='does not record the LoRA settings'):
+        merge_lora_checkpoint(lora_classifier(), unrecorded, 'run.pth')
+    warnings = []
+    handler = logging.Handler(level=logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logger = MMLogger.get_instance('test_lora_unrecorded')
+    logger.addHandler(handler)
+    try:
+        merged = merge_lora_checkpoint(lora_classifier(), unrecorded, 'run.pth',
+                                       allow_unrecorded=True, logger='test_lora_unrecorded')
+    finally:
+        logger.removeHandler(handler)
+    assert set(merged['state_dict']) == set(merged_state_dict(trained))
+    assert warnings == ["run.pth records neither alpha, rank and targets nor the base weights "
+                        "its factors were trained on: merging with the config's, unchecked"]
+
+
+def test_a_merge_needs_a_lora_model_and_a_state_dict():
+    from linvit_mm.staged import merge_lora_checkpoint
+    with pytest.raises(ValueError, match=r'the model of the config \(ImageClassifier\) holds '
+                                         'no LoRAModel'):
+        merge_lora_checkpoint(MODELS.build(classifier(tiny_vit_cfg('relu'))), {}, 'run.pth')
+    with pytest.raises(ValueError, match='run.pth holds no state dict'):
+        merge_lora_checkpoint(lora_classifier(), [], 'run.pth')
