@@ -1,5 +1,6 @@
 """linvit_mm.staged.recipes: the validation-set rule, the recipes' budgets and stage options
 (their configs build), the seeds and the mean +- std over them."""
+import re
 import statistics
 from pathlib import Path
 
@@ -19,6 +20,7 @@ def test_one_validation_image_is_at_most_half_a_point():
     assert demo_recipes.check_validation_size(num_val) == num_val
     assert demo_recipes.points_per_image(num_val) <= 0.5
     assert demo_recipes.points_per_image(200) == 0.5
+    assert demo_recipes.check_validation_size(200) == 200  # half a point is allowed
     # the training images stay the few of the default shape-groups set
     assert params['train_per_class'] == 8 and maker == 'make_mini_imagenet'
 
@@ -151,3 +153,41 @@ def test_summary_is_mean_and_sample_std_over_seeds():
     assert demo_recipes.format_mean_std(summary['c']) == '70.0 +- -'
     with pytest.raises(ValueError, match="'d' has no results"):
         demo_recipes.summarise({'d': {}})
+
+
+def test_the_recipes_split_their_budget_as_the_results_page_says():
+    """docs/results/recipes.md gives each recipe's stages at 20 and 60 steps."""
+    rows = re.findall(r'^\| `([\w-]+)` \| [^|]* \| ([\d +]+) \| ([\d +]+) \|$',
+                      (REPO / 'docs' / 'results' / 'recipes.md').read_text(), re.M)
+    assert {recipe for recipe, _, _ in rows} >= {
+        recipe for recipe, stages in demo_recipes.RECIPES.items() if len(stages) > 1}
+    for recipe, at_20, at_60 in rows:
+        for budget, text in ((20, at_20), (60, at_60)):
+            steps = [steps for _, steps in demo_recipes.recipe_stages(recipe, budget)]
+            assert steps == [int(part) for part in text.split('+')], (recipe, budget)
+
+
+@pytest.mark.parametrize('shares,total,expected', [
+    ([1, 1, 10], 3, [1, 1, 1]), ([1, 10], 2, [1, 1])], ids=['three-stages', 'two-stages'])
+def test_a_stage_lifted_to_one_step_takes_it_from_the_largest(shares, total, expected):
+    assert demo_recipes.split_budget(shares, total) == expected
+
+
+def test_the_warm_up_is_the_configs_at_most_a_tenth_and_one_step_at_least():
+    config = demo_recipes.TEACHER_CONFIG
+    warmup = Config.fromfile(str(REPO / 'configs' / 'demo' / config)).param_scheduler[0]['end']
+    long_run = demo_recipes.schedule_options(config, 1000 * warmup)
+    assert f'param_scheduler.0.end={warmup}' in long_run
+    assert demo_recipes.schedule_options(config, 1) == [
+        'train_cfg.max_iters=1', 'train_cfg.val_interval=1', 'default_hooks.checkpoint.interval=1',
+        'param_scheduler.0.end=1', 'param_scheduler.1.begin=1', 'param_scheduler.1.end=2']
+
+
+def test_only_the_transfer_set_must_be_large_enough(monkeypatch, tmp_path):
+    tiny = ('make_mini_imagenet', dict(task='shape-groups', train_per_class=1, val_per_class=2))
+    monkeypatch.setitem(demo_recipes.DEMO_SETS, demo_recipes.TRANSFER_SET, tiny)
+    monkeypatch.setitem(demo_recipes.DEMO_SETS, demo_recipes.TEACHER_SET, tiny)
+    summary = demo_recipes.write_demo_set(str(tmp_path), demo_recipes.TEACHER_SET)
+    assert summary['splits']['val'] == 6
+    with pytest.raises(ValueError, match='a validation set of 6 images'):
+        demo_recipes.write_demo_set(str(tmp_path), demo_recipes.TRANSFER_SET)
