@@ -30,7 +30,7 @@ def describe_linear_vit(vit):
         num_layers=len(vit.layers),
         patch_size=list(to_2tuple(vit.patch_size)),
         with_cls_token=bool(vit.with_cls_token),
-        num_register_tokens=int(getattr(vit, 'num_register_tokens', 0)))
+        num_register_tokens=int(vit.num_register_tokens))
 
 
 def find_linear_vits(model):
