@@ -153,9 +153,12 @@ def _fit_pos_embed(source, target, ckpt, module):
         source = torch.cat([source[:, :extra], source[:, src_extra:]], dim=1)
         what.append(f'dropped {src_extra - extra} leading slot(s) the model has no token for')
     elif src_extra < extra:
-        source = torch.cat([source.new_zeros(1, extra - src_extra, source.shape[2]), source], 1)
-        what.append(f'added {extra - src_extra} zero slot(s) for the model\'s class token (the '
-                    f'checkpoint gives it no position embedding)')
+        # tokens come as class token, registers, patches: the checkpoint's slots are the first
+        # tokens', the zeros those after them
+        zeros = source.new_zeros(1, extra - src_extra, source.shape[2])
+        source = torch.cat([source[:, :src_extra], zeros, source[:, src_extra:]], 1)
+        what.append(f'added {extra - src_extra} zero slot(s) for the model\'s leading tokens '
+                    f'the checkpoint gives no position embedding')
     if src_grid != grid:
         mode = getattr(module, 'interpolate_mode', 'bicubic')
         if hasattr(module, '_resample_pos_embed'):

@@ -71,8 +71,8 @@ CASES = [
     ('deit-distilled', False, 'dropped 1 leading slot(s) the model has no token for'),
     ('class-token', False, 'dropped 1 leading slot(s) the model has no token for'),
     ('class-token', True, None),
-    ('no-class-slot', True, "added 1 zero slot(s) for the model's class token (the checkpoint "
-                            'gives it no position embedding)'),
+    ('no-class-slot', True, "added 1 zero slot(s) for the model's leading tokens the "
+                            'checkpoint gives no position embedding'),
 ]
 
 
@@ -187,3 +187,26 @@ def test_an_embedding_that_cannot_be_laid_out_is_refused(source_states, refuses)
     assert (f'backbone.pos_embed: checkpoint (1, 13, {WIDTH}) vs model (1, 17, {WIDTH}) (the '
             f'checkpoint position embedding is not extra tokens plus a square '
             f'grid)') in listed(message)
+
+
+def test_a_model_with_register_slots_gets_zero_slots_for_the_tokens_the_checkpoint_lacks(
+        source_states):
+    """A class-token checkpoint into a ViT whose embedding has a slot for its class token and
+    each of four registers: the class slot is the checkpoint's, the four others zeros."""
+    model = vit(True, num_register_tokens=4)
+    assert model.pos_embed_extra_tokens == 5
+    source = source_states['class-token']
+    report = transfer_softmax_weights(model, source, components=['pos_embed'])
+    assert ("pos_embed: added 4 zero slot(s) for the model's leading tokens the checkpoint "
+            'gives no position embedding') in report['notes']
+    pos = model.pos_embed.detach()
+    assert torch.equal(pos[0, 0], source['pos_embed'][0, 0])
+    assert torch.equal(pos[0, 1:5], torch.zeros(4, WIDTH))
+    assert torch.equal(pos[0, 5:], source['pos_embed'][0, 1:])
+
+
+def test_the_position_embedding_alone_needs_no_blocks_of_the_same_depth(source_states):
+    model = vit(True, num_layers=3)
+    report = transfer_softmax_weights(model, source_states['class-token'],
+                                      components=['pos_embed'])
+    assert report['copied'] == ['pos_embed']
