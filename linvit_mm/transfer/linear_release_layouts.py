@@ -65,6 +65,14 @@ def _mhla_attn_cfg(state):
                 attn_norm='blocks.0.attn.norm.weight' in state)
 
 
+def _mixing_matrix(conv_weight):
+    """The ``(M, M)`` matrix of a block's mixing conv ``(M, M, 1, 1)``."""
+    if conv_weight.dim() != 4 or tuple(conv_weight.shape[2:]) != (1, 1):
+        raise ValueError(f'a piece_attn.conv.weight has shape {tuple(conv_weight.shape)}; '
+                         f'(M, M, 1, 1) was expected')
+    return conv_weight[:, :, 0, 0]
+
+
 @dataclass(frozen=True)
 class LinearRelease:
     """One released layout.
@@ -139,6 +147,6 @@ LINEAR_RELEASES = OrderedDict(
         attn_cfg_from=_mhla_attn_cfg,
         arch_switches=dict(pos_embed_type='learned', final_norm=False, pooled_norm=True),
         # the mixing is a 1x1 conv over the block axis: its (M, M) matrix
-        reshape={'attn.block_mixing': lambda t: t[:, :, 0, 0]},
+        reshape={'attn.block_mixing': _mixing_matrix},
         extra_slots=0),
 )

@@ -183,6 +183,10 @@ def convert_linear_release(checkpoint, family=None, num_heads=None):
     state = release_state_dict(checkpoint)
     release = _find_release(state, family)
     arch, img_size, qkv_bias = _sizes(state, release, num_heads)
+    # read before the tensors are reshaped: it checks the shapes it reads
+    attn_cfg = dict(release.attn_cfg)
+    if release.attn_cfg_from is not None:
+        attn_cfg.update(release.attn_cfg_from(state))
     backbone, head, unplaced = OrderedDict(), OrderedDict(), []
     for key, value in state.items():
         block = re.match(r'^blocks\.(\d+)\.(.+)$', key)
@@ -203,9 +207,6 @@ def convert_linear_release(checkpoint, family=None, num_heads=None):
                          f'nothing was converted')
     model_cfg = dict(type='LinearViT', arch=arch, attn_type=release.attn_type,
                      img_size=img_size)
-    attn_cfg = dict(release.attn_cfg)
-    if release.attn_cfg_from is not None:
-        attn_cfg.update(release.attn_cfg_from(state))
     if attn_cfg:
         model_cfg['attn_cfg'] = attn_cfg
     if isinstance(arch, dict):

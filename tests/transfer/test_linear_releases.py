@@ -2,6 +2,8 @@
 dicts built here with the keys and shapes the official models have (random weights), the
 official forward written out here from reading the official model code, and the converted
 LinearViT held against it; the strict loader's refusals, by name."""
+import dataclasses
+import logging
 import math
 from collections import OrderedDict
 
@@ -451,3 +453,94 @@ def test_other_patch_size_gets_a_custom_arch():
     arch = convert_linear_release(state).model_cfg['arch']
     assert arch == dict(embed_dims=192, num_layers=12, num_heads=6, feedforward_channels=768,
                         patch_size=8, pos_embed_type='none', qkv_bias=True)
+
+
+@pytest.mark.parametrize('shape', [(WIDTH, 3, PATCH, PATCH // 2), (WIDTH, 3, PATCH)],
+                         ids=['not-square', 'not-a-conv'])
+def test_a_patch_embedding_that_is_no_square_conv_is_refused(shape):
+    state = release_state('inline')
+    state['patch_embed.proj.weight'] = torch.zeros(shape)
+    with pytest.raises(ValueError, match=r'a square patch conv \(C, in, p, p\) was expected'):
+        convert_linear_release(state)
+
+
+def test_one_head_is_a_head_count_and_none_is_refused():
+    one = convert_linear_release(release_state('inline', heads=1))
+    assert one.model_cfg['arch']['num_heads'] == 1
+    state = release_state('vit3')
+    state['blocks.0.attn.w1'] = torch.zeros(1, 0, WIDTH // HEADS, WIDTH // HEADS)
+    with pytest.raises(ValueError, match='0 heads do not divide the width 24'):
+        convert_linear_release(state)
+
+
+@pytest.mark.parametrize('slots,img_size', [(1 + 1, PATCH), (1, None), (1 + 5, None)],
+                         ids=['one-patch', 'class-slot-only', 'not-square'])
+def test_the_image_size_comes_from_the_position_embedding(slots, img_size):
+    state = release_state('inline')
+    state['pos_embed'] = torch.zeros(1, slots, WIDTH)
+    if img_size is None:
+        with pytest.raises(ValueError, match=r'not 1 class token slot\(s\) and a square grid'):
+            convert_linear_release(state)
+    else:
+        assert convert_linear_release(state).model_cfg['img_size'] == img_size
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_what_the_conversion_leaves_to_the_user_is_noted(family):
+    padded = ('the official model zero-pads its normalised input to 256 px (16 x 16 patches) '
+              'before the patch embedding; give the LinearViT the padded image')
+    no_head = 'no classifier (head.weight / head.bias) in the checkpoint'
+    state = release_state(family)
+    notes = convert_linear_release(state, num_heads=NUM_HEADS[family]).notes
+    assert notes == ([padded] if family == 'mhla' else [])
+    headless = {k: v for k, v in state.items() if not k.startswith('head.')}
+    assert convert_linear_release(headless, num_heads=NUM_HEADS[family]).notes[-1] == no_head
+
+
+def test_the_load_is_logged_with_the_notes():
+    from mmengine.logging import MMLogger
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = MMLogger.get_instance('test_linear_release_load')
+    logger.addHandler(handler)
+    converted = convert_linear_release(release_state('mhla'), num_heads=MHLA_HEADS)
+    try:
+        load_linear_release(build_release_vit(converted), converted,
+                            logger='test_linear_release_load')
+    finally:
+        logger.removeHandler(handler)
+    assert [m for m in messages if m.startswith('loaded the')] == [
+        f'loaded the {converted.release.description} release ({converted.release.repository}): '
+        f'{len(converted.backbone)} tensors into a mhla LinearViT; {converted.notes[0]}']
+
+
+def test_a_checkpoint_written_without_a_model_is_checked_by_loading_one():
+    state = release_state('inline')
+    state['blocks.1.mlp.fc2.weight'][0, 0] = float('inf')
+    with pytest.raises(ValueError, match=r'layers\.1\.ffn\.layers\.1\.weight: 1 Inf'):
+        converted_checkpoint(convert_linear_release(state))
+
+
+@pytest.mark.parametrize('shape', [(4, 3, 1, 1), (3, 3, 1, 1), (4, 4, 1)],
+                         ids=['not-square', 'blocks-not-a-square-grid', 'not-a-conv'])
+def test_an_mhla_mixing_conv_of_another_shape_is_refused(shape):
+    state = release_state('mhla')
+    state['blocks.0.attn.piece_attn.conv.weight'] = torch.zeros(shape)
+    with pytest.raises(ValueError, match=r'\(M, M, 1, 1\) with M a square was expected'):
+        convert_linear_release(state, num_heads=MHLA_HEADS)
+
+
+def test_a_release_layout_is_data_that_stays_put():
+    from linvit_mm.transfer.linear_release_layouts import LINEAR_RELEASES
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LINEAR_RELEASES['mhla'].extra_slots = 1
+
+
+def test_a_later_block_whose_mixing_is_no_1x1_conv_is_refused():
+    state = release_state('mhla')
+    mixing = state['blocks.1.attn.piece_attn.conv.weight']
+    state['blocks.1.attn.piece_attn.conv.weight'] = mixing.expand(-1, -1, 3, 3).clone()
+    with pytest.raises(ValueError, match=r'a piece_attn.conv.weight has shape \(4, 4, 3, 3\); '
+                                         r'\(M, M, 1, 1\) was expected'):
+        convert_linear_release(state, num_heads=MHLA_HEADS)
