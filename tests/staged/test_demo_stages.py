@@ -153,10 +153,11 @@ def test_an_in_process_run_calls_main_once_loaded(tool, tmp_path):
     threads = torch.get_num_threads()
     runner = demo_stages.InProcessTools(threads=1, label='here')
     try:
+        torch.set_num_threads(2)
         output = runner([tool, 'ok'], str(tmp_path / 'a.log'))
-        assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 1  # the runner's own
         runner([tool, 'again'], str(tmp_path / 'b.log'), threads=2)
-        assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 2  # the call's
     finally:
         torch.set_num_threads(threads)
     assert (tmp_path / 'a.log').read_text() == output
@@ -278,3 +279,22 @@ def test_the_last_value_of_a_metric_is_read():
     assert demo_stages.metric('mIoU: 1.5\nmIoU: -2.25\n', 'mIoU') == -2.25
     with pytest.raises(SystemExit, match='demo: the output has no mIoU'):
         demo_stages.metric('aAcc: 3\n', 'mIoU')
+
+
+def test_a_three_stage_recipe_continues_each_stage_from_the_one_before(recipe_run):
+    runner = RecordingRunner()
+    demo_stages.run_recipe('staged-1-2-3', force=False, runner=runner, **recipe_run)
+    work_dir = recipe_run['work_dir']
+    assert (f'model.backbone.init_cfg.checkpoint={work_dir}/align-feat/iter_1.pth'
+            in runner.runs[2]['args'])
+
+
+def test_a_stage_is_shown_unless_asked_otherwise_and_the_log_lines_are_stamped(tmp_path,
+                                                                              capsys):
+    config = tmp_path / 'c.py'
+    config.write_text('x = 1\n')
+    runner = RecordingRunner()
+    demo_stages.train(str(config), str(tmp_path / 'w'), [], False, runner=runner)
+    assert runner.runs[-1]['show'] is True
+    demo_stages.log('a message')
+    assert re.fullmatch(r'\[demo \d\d:\d\d:\d\d\] a message\n', capsys.readouterr().out)
