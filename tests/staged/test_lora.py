@@ -115,7 +115,11 @@ def test_the_record_names_each_lora_model_and_takes_a_digest_given():
 def test_a_checked_merge_folds_the_factors_and_records_the_merge(tmp_path):
     from linvit_mm.staged import RECORD_KEY, lora_record, merge_lora_checkpoint
     trained = lora_classifier()
-    merged = merge_lora_checkpoint(lora_classifier(), _recorded(trained), 'run.pth')
+    with torch.no_grad():  # what the run learnt: the config's model starts elsewhere
+        trained.backbone.module.layers[1].attn.qkv.lora_up.weight.add_(0.5)
+        trained.head.layers.head.weight.add_(0.5)
+    config_model = lora_classifier()
+    merged = merge_lora_checkpoint(config_model, _recorded(trained), 'run.pth')
     expected = merged_state_dict(trained)
     assert set(merged['state_dict']) == set(expected)
     for key, value in expected.items():
@@ -202,3 +206,26 @@ def test_a_merge_needs_a_lora_model_and_a_state_dict():
         merge_lora_checkpoint(MODELS.build(classifier(tiny_vit_cfg('relu'))), {}, 'run.pth')
     with pytest.raises(ValueError, match='run.pth holds no state dict'):
         merge_lora_checkpoint(lora_classifier(), [], 'run.pth')
+
+
+@pytest.mark.parametrize('where', ['checkpoint', 'base', 'merged'])
+def test_non_finite_weights_stop_the_merge(where):
+    from linvit_mm.staged import merge_lora_checkpoint
+    trained, config_model = lora_classifier(), lora_classifier()
+    checkpoint = _recorded(trained)
+    state = checkpoint['state_dict']
+    if where == 'checkpoint':
+        state['head.layers.head.bias'] = torch.full((3, ), float('nan'))
+        match = r'run\.pth: 1 tensor\(s\) hold non-finite values'
+    elif where == 'base':  # the frozen weights come from the config, not the checkpoint
+        with torch.no_grad():
+            config_model.backbone.module.layers[0].ln1.weight[0] = float('inf')
+        checkpoint = _recorded(config_model)  # a run on those very weights
+        match = 'the base weights the config loads: 1 tensor'
+    else:  # each factor finite, their product beyond float32
+        for key in state:
+            if '.lora_' in key:
+                state[key] = torch.full_like(state[key], 1e20)
+        match = 'run.pth: folding the factors overflows, nothing was written'
+    with pytest.raises(ValueError, match=match):
+        merge_lora_checkpoint(config_model, checkpoint, 'run.pth')
