@@ -265,3 +265,41 @@ def test_a_checkpoint_without_patch_embedding_leaves_its_patch_size_unchecked(ti
     assert torch.equal(model.pos_embed.detach(), sources['pos_embed'])
     assert ('checkpoint: no patch embedding (backbone.patch_embed.projection) mapped; '
             'patch_size unknown') in report['notes']
+
+
+def test_four_names_are_listed_in_full_and_five_as_four_and_a_count():
+    from linvit_mm.transfer.checks import _names_text
+    names = [f'n{i}' for i in range(5)]
+    assert _names_text(names[:4]) == 'n0, n1, n2, n3'
+    assert _names_text(names) == 'n0, n1, n2, n3, ... (5 in all)'
+
+
+def test_a_checkpoint_of_unknown_family_is_still_checked_field_by_field(timm_sd, build):
+    import dataclasses
+    ckpt = load_softmax_checkpoint(timm_sd)
+    unknown = dataclasses.replace(ckpt, family=None, family_from=None, layer_scale=True)
+    with pytest.raises(ValueError, match=r'layer_scale: checkpoint True, model False'):
+        transfer_softmax_weights(build('elu'), unknown, setting='fullcopy')
+
+
+def test_the_refusal_names_the_arch_word_of_a_family_without_registers(refuses):
+    import timm
+
+    from linvit_mm.models import LinearViT
+    torch.manual_seed(0)
+    source = timm.create_model('deit3_small_patch16_224', pretrained=False, img_size=64)
+    model = LinearViT(arch=dict(LinearViT.arch_zoo['deit3-small'], layer_scale_init_value=0.),
+                      img_size=64)
+    text = refuses(model, source.state_dict(), setting='fullcopy')
+    assert 'layer_scale: checkpoint True, model False' in text
+    assert "Build the model with arch='deit3-small'" in text
+
+
+def test_the_activation_warning_reads_a_one_block_model(timm_source, arch_of):
+    from linvit_mm.models import LinearViT
+    logger, records = capturing_logger('test_activation_one_block')
+    source = timm_source('clip-base', img_size=32, depth=1)
+    model = LinearViT(arch=arch_of('clip-base', source), attn_type='relu', img_size=32)
+    transfer_softmax_weights(model, source.state_dict(), setting='mlpcopy', num_heads=4,
+                             logger=logger)
+    assert any('The model uses QuickGELU;' in r.getMessage() for r in records)
