@@ -251,3 +251,12 @@ def test_reading_refuses_a_linear_source(timm_sd):
     inline = OrderedDict(timm_sd, **{'blocks.0.attn.residual.0.weight': torch.zeros(192, 64, 1)})
     with pytest.raises(ValueError, match=r'this is a InLine attention .* not a Softmax ViT'):
         load_softmax_checkpoint({'model': inline})
+
+
+def test_reading_refuses_integer_weights(timm_sd):
+    integer = OrderedDict(timm_sd)
+    integer['blocks.2.attn.proj.bias'] = torch.zeros(192, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r'1 weight tensor\(s\) are not floating point:\n  '
+                                         r'backbone\.layers\.2\.attn\.proj\.bias '
+                                         r'\(blocks\.2\.attn\.proj\.bias\): torch\.int64'):
+        load_softmax_checkpoint(integer)

@@ -277,3 +277,19 @@ def test_the_container_of_a_timm_named_encoder_tells_its_layout(container, besid
                                                                 timm_sd):
     raw = dict(timm_sd) if container is None else dict({container: timm_sd}, **beside)
     assert load_softmax_checkpoint(raw).source_format == layout
+
+
+@pytest.mark.parametrize('container,layout', [('model', 'mae'), ('state_dict', 'ibot')])
+def test_a_pooled_norm_makes_a_model_entry_a_fine_tuned_mae(container, layout, timm_sd):
+    with_fc_norm = OrderedDict((k.replace('norm.', 'fc_norm.', 1) if k.startswith('norm.')
+                                else k, v) for k, v in timm_sd.items())
+    assert load_softmax_checkpoint({container: with_fc_norm}).source_format == layout
+
+
+def test_a_release_is_read_with_its_groups_and_notes(timm_source, release):
+    from linvit_mm.transfer.releases import PRETRAINING_GROUP
+    state = release('dinov2-reg-small', timm_source('dinov2-reg-small', img_size=56).state_dict())
+    ckpt = load_softmax_checkpoint(state)
+    assert ckpt.source_format == 'dinov2'
+    assert ckpt.unused_groups[PRETRAINING_GROUP] == ['mask_token']
+    assert any(note.startswith('DINOv2 with registers: ') for note in ckpt.notes)
