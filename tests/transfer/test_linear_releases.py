@@ -544,3 +544,23 @@ def test_a_later_block_whose_mixing_is_no_1x1_conv_is_refused():
     with pytest.raises(ValueError, match=r'a piece_attn.conv.weight has shape \(4, 4, 3, 3\); '
                                          r'\(M, M, 1, 1\) was expected'):
         convert_linear_release(state, num_heads=MHLA_HEADS)
+
+
+def test_a_release_that_is_cut_short_or_not_a_mapping_is_refused():
+    state = release_state('inline')
+    with pytest.raises(TypeError, match='a release checkpoint is a mapping, got list'):
+        convert_linear_release([state])
+    without = {k: v for k, v in state.items() if k != 'blocks.0.mlp.fc1.weight'}
+    with pytest.raises(ValueError, match=r'has no blocks\.0\.mlp\.fc1\.weight, which its layout '
+                                         r'always has; is it cut short\?'):
+        convert_linear_release(without)
+    gap = {k.replace('blocks.1.', 'blocks.2.'): v for k, v in state.items()}
+    with pytest.raises(ValueError, match=r'numbered \[0, 2\], not 0\.\.N-1'):
+        convert_linear_release(gap)
+    with pytest.raises(TypeError, match='a release loads into a LinearViT, got Linear'):
+        load_linear_release(torch.nn.Linear(2, 2), convert_linear_release(state))
+
+
+def test_a_family_given_is_the_family_read():
+    assert convert_linear_release(release_state('inline'), family='inline').release.name == \
+        'inline'

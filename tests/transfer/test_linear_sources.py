@@ -207,3 +207,9 @@ def test_tensors_are_looked_for_two_mappings_deep():
     assert detect_linear_source(nested(0)) is not None
     assert detect_linear_source(nested(2)).keys == ['blocks.0.attn.residual.0.weight']
     assert detect_linear_source(nested(3)) is None
+
+
+def test_detect_linear_source_takes_a_mapping_only():
+    with pytest.raises(TypeError, match='detect_linear_source expects a checkpoint mapping, got '
+                                        'list'):
+        detect_linear_source([])
