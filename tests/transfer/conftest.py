@@ -70,6 +70,13 @@ def timm_sd(timm_deit):
 
 
 @pytest.fixture(scope='module')
+def timm_sd_fc_norm(timm_sd):
+    """``timm_sd`` with its final norm named as timm's / MAE's pooled-token norm, ``fc_norm``."""
+    return OrderedDict((k.replace('norm.', 'fc_norm.', 1) if k.startswith('norm.') else k, v)
+                       for k, v in timm_sd.items())
+
+
+@pytest.fixture(scope='module')
 def expected(timm_sd):
     """The same tensors under mmpretrain names, in timm's order."""
     return OrderedDict((mmpretrain_name(k), v) for k, v in timm_sd.items())

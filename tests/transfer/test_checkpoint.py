@@ -19,11 +19,11 @@ def perturbed(state):
 
 
 @pytest.fixture(scope='module')
-def layouts(timm_sd, expected):
-    return _layouts(timm_sd, expected)
+def layouts(timm_sd, expected, timm_sd_fc_norm):
+    return _layouts(timm_sd, expected, timm_sd_fc_norm)
 
 
-def _layouts(sd, mm):
+def _layouts(sd, mm, fc_norm):
     backbone_only = OrderedDict((k, v) for k, v in sd.items() if not k.startswith('head.'))
     projection_mlp = {'head.0.weight': torch.randn(16, 192), 'head.1.weight': torch.ones(16),
                       'head.1.running_mean': torch.zeros(16)}
@@ -34,8 +34,6 @@ def _layouts(sd, mm):
                'decoder_pos_embed': torch.zeros(1, 197, 16),
                'decoder_blocks.0.attn.qkv.weight': torch.randn(48, 16),
                'decoder_norm.weight': torch.ones(16), 'decoder_pred.weight': torch.randn(768, 16)}
-    fc_norm = OrderedDict((k.replace('norm.', 'fc_norm.', 1) if k.startswith('norm.') else k, v)
-                          for k, v in sd.items())
     return {
         'deit-official': (
             {'model': sd, 'model_ema': perturbed(sd), 'epoch': 299,

@@ -173,13 +173,12 @@ def test_a_whole_block_missing_from_one_component_is_in_part(timm_sd, build, ref
     assert report['counts']['attention']['copied'] == 48
 
 
-def test_components_outside_the_blocks_are_judged_whole(timm_sd, build, refuses):
+def test_components_outside_the_blocks_are_judged_whole(timm_sd, timm_sd_fc_norm, build,
+                                                         refuses):
     # a pooled fc_norm instead of the final norm: the blocks' norms copy, the final one not
-    fc_norm = OrderedDict((k.replace('norm.', 'fc_norm.', 1) if k.startswith('norm.') else k, v)
-                          for k, v in timm_sd.items())
-    refuses(build('softmax'), {'model': fc_norm}, setting='fullcopy',
+    refuses(build('softmax'), {'model': timm_sd_fc_norm}, setting='fullcopy',
             match=r"norms outside the blocks: ln1\.weight, ln1\.bias(.|\n)*fc_norm_target='ln1'")
-    ckpt = load_softmax_checkpoint({'model': fc_norm}, fc_norm_target='ln1')
+    ckpt = load_softmax_checkpoint({'model': timm_sd_fc_norm}, fc_norm_target='ln1')
     report = transfer_softmax_weights(build('softmax'), ckpt, setting='fullcopy')
     assert report['copied in part'] == {} and 'ln1.weight' in report['copied']
 

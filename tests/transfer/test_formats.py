@@ -280,10 +280,9 @@ def test_the_container_of_a_timm_named_encoder_tells_its_layout(container, besid
 
 
 @pytest.mark.parametrize('container,layout', [('model', 'mae'), ('state_dict', 'ibot')])
-def test_a_pooled_norm_makes_a_model_entry_a_fine_tuned_mae(container, layout, timm_sd):
-    with_fc_norm = OrderedDict((k.replace('norm.', 'fc_norm.', 1) if k.startswith('norm.')
-                                else k, v) for k, v in timm_sd.items())
-    assert load_softmax_checkpoint({container: with_fc_norm}).source_format == layout
+def test_a_pooled_norm_makes_a_model_entry_a_fine_tuned_mae(container, layout,
+                                                            timm_sd_fc_norm):
+    assert load_softmax_checkpoint({container: timm_sd_fc_norm}).source_format == layout
 
 
 def test_a_release_is_read_with_its_groups_and_notes(timm_source, release):

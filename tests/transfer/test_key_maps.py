@@ -81,9 +81,8 @@ def test_mapped_deit_computes_the_same_logits_in_mmpretrain():
     assert_rel_close(logits, reference, 1e-12, 'logits')
 
 
-def test_fc_norm_goes_to_the_pooled_norm_or_on_request_the_final_norm(timm_sd):
-    raw = {'model': OrderedDict((k.replace('norm.', 'fc_norm.', 1) if k.startswith('norm.')
-                                 else k, v) for k, v in timm_sd.items())}
+def test_fc_norm_goes_to_the_pooled_norm_or_on_request_the_final_norm(timm_sd, timm_sd_fc_norm):
+    raw = {'model': timm_sd_fc_norm}
     pooled = load_softmax_checkpoint(raw)
     assert torch.equal(pooled.state_dict['backbone.ln2.weight'], timm_sd['norm.weight'])
     assert 'backbone.ln1.weight' not in pooled.state_dict
