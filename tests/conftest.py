@@ -1,5 +1,7 @@
 """Fixtures shared by the whole test suite."""
+import contextlib
 import functools
+import logging
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,39 @@ def kernel_path(request):
         pytest.skip('the C++ kernels are CPU-only: on CUDA this case equals kernel_path torch')
     with set_cpu_kernels(request.param == 'cpp'):
         yield request.param
+
+
+@pytest.fixture
+def logged():
+    """``with logged(name=None, level=logging.DEBUG) as messages:`` the messages the MMLogger
+    ``name`` (the current one without a name) receives at ``level`` or above in the block."""
+    from mmengine.logging import MMLogger
+
+    @contextlib.contextmanager
+    def capture(name=None, level=logging.DEBUG):
+        logger = MMLogger.get_instance(name) if name else MMLogger.get_current_instance()
+        messages = []
+        handler = logging.Handler(level=level)
+        handler.emit = lambda record: messages.append(record.getMessage())
+        logger.addHandler(handler)
+        try:
+            yield messages
+        finally:
+            logger.removeHandler(handler)
+    return capture
+
+
+@pytest.fixture
+def init_info(monkeypatch):
+    """``{parameter name: init info}`` of the last top-level ``init_weights``, as mmengine
+    would log it."""
+    from mmengine.model import BaseModule
+    recorded = {}
+
+    def record(module):
+        recorded.clear()
+        recorded.update((name, module._params_init_info[param]['init_info'])
+                        for name, param in module.named_parameters())
+
+    monkeypatch.setattr(BaseModule, '_dump_init_info', record)
+    return recorded

@@ -206,7 +206,7 @@ def test_a_recipe_runs_its_stages_in_order_each_from_the_last(recipe_run):
     run = demo_stages.run_recipe('staged-1-3-lora', force=False, threads=2, runner=runner,
                                  **recipe_run)
     work_dir = recipe_run['work_dir']
-    align, lora = runner.runs
+    _, lora = runner.runs
     assert [r['args'][1] for r in runner.runs] == [
         recipe_run['configs'].path(demo_recipes.CLS_CONFIG.format(stage=stage))
         for stage in ('align-attn', 'staged-lora')]

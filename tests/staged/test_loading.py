@@ -1,6 +1,5 @@
 """LinearViTCheckpoint: a LinearViT checkpoint loads strictly, operator by operator."""
 import copy
-import logging
 
 import pytest
 import torch
@@ -134,28 +133,17 @@ def test_the_initialiser_requires_a_record_and_a_path_by_default(tmp_path):
         LinearViTCheckpointInit('')
 
 
-def test_a_block_init_cfg_runs_before_the_load_and_the_load_is_logged(tmp_path, monkeypatch):
-    from mmengine.logging import MMLogger
-    from mmengine.model import BaseModule
+def test_a_block_init_cfg_runs_before_the_load_and_the_load_is_logged(tmp_path, init_info,
+                                                                       logged):
     source = vit('relu', seed=1)
     path = write_recorded_checkpoint(tmp_path / 'relu.pth', source, stage='align-attn')
     target = MODELS.build(tiny_vit_cfg(
         'relu', init_cfg=dict(type='LinearViTCheckpoint', checkpoint=str(path)),
         layer_cfgs=dict(init_cfg=dict(type='Constant', val=0, layer='Linear'))))
-    infos = {}
-    monkeypatch.setattr(BaseModule, '_dump_init_info', lambda module: infos.update(
-        (name, module._params_init_info[p]['init_info']) for name, p in module.named_parameters()))
-    messages = []
-    logger = MMLogger.get_current_instance()
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger.addHandler(handler)
-    try:
+    with logged() as messages:
         target.init_weights()
-    finally:
-        logger.removeHandler(handler)
     assert unchanged(target, source.state_dict())  # the blocks' constants came first
-    assert infos['layers.0.attn.qkv.weight'] == (
+    assert init_info['layers.0.attn.qkv.weight'] == (
         f"LinearViTCheckpointInit: {path} (prefix 'backbone.')")
     assert (f"LinearViTCheckpoint: loaded {len(source.state_dict())} tensors under 'backbone.' "
             f"from {path} (stage 'align-attn')") in messages

@@ -94,7 +94,8 @@ def test_factor_names_and_the_digest_of_names_shapes_and_bytes():
 def _recorded(model, **lora_changes):
     from linvit_mm.staged import RECORD_KEY, lora_record
     record = lora_record(model)
-    record[''.join(record)] = dict(record[''.join(record)], **lora_changes)
+    (name, entry), = record.items()
+    record[name] = dict(entry, **lora_changes)
     return {'state_dict': model.state_dict(),
             'meta': {RECORD_KEY: {'lora': record, 'trained_layers': [0]}}}
 
@@ -112,7 +113,7 @@ def test_the_record_names_each_lora_model_and_takes_a_digest_given():
         record['backbone']['base_sha256']
 
 
-def test_a_checked_merge_folds_the_factors_and_records_the_merge(tmp_path):
+def test_a_checked_merge_folds_the_factors_and_records_the_merge():
     from linvit_mm.staged import RECORD_KEY, lora_record, merge_lora_checkpoint
     trained = lora_classifier()
     with torch.no_grad():  # what the run learnt: the config's model starts elsewhere
@@ -176,24 +177,15 @@ def test_tensors_that_do_not_fit_are_named():
             '(3, 32)') in message
 
 
-def test_an_unrecorded_run_merges_only_when_allowed():
-    from mmengine.logging import MMLogger
-
+def test_an_unrecorded_run_merges_only_when_allowed(logged):
     from linvit_mm.staged import merge_lora_checkpoint
     trained = lora_classifier()
     unrecorded = {'state_dict': trained.state_dict()}
     with pytest.raises(ValueError, match='does not record the LoRA settings'):
         merge_lora_checkpoint(lora_classifier(), unrecorded, 'run.pth')
-    warnings = []
-    handler = logging.Handler(level=logging.WARNING)
-    handler.emit = lambda record: warnings.append(record.getMessage())
-    logger = MMLogger.get_instance('test_lora_unrecorded')
-    logger.addHandler(handler)
-    try:
+    with logged('test_lora_unrecorded', logging.WARNING) as warnings:
         merged = merge_lora_checkpoint(lora_classifier(), unrecorded, 'run.pth',
                                        allow_unrecorded=True, logger='test_lora_unrecorded')
-    finally:
-        logger.removeHandler(handler)
     assert set(merged['state_dict']) == set(merged_state_dict(trained))
     assert warnings == ["run.pth records neither alpha, rank and targets nor the base weights "
                         "its factors were trained on: merging with the config's, unchecked"]

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.logging import MMLogger
 from mmengine.registry import init_default_scope
 from mmpretrain.registry import MODELS
 
@@ -145,23 +144,16 @@ def test_merge_lora_refuses_another_base_than_the_run_trained_on(lora_run, tmp_p
     assert 'are not those the factors were trained on' in err
 
 
-def test_merge_lora_needs_the_record_or_the_explicit_flag(lora_run, tmp_path, capsys):
+def test_merge_lora_needs_the_record_or_the_explicit_flag(lora_run, tmp_path, capsys, logged):
     config, checkpoint, lora_model = lora_run
     old = edited(checkpoint, tmp_path / 'old.pth', lambda c: c['meta'].pop(RECORD_KEY))
     out = tmp_path / 'merged.pth'
     err = refused([config, old, out], capsys, out)
     assert 'does not record the LoRA settings (alpha, rank, targets) and base weights' in err
     assert '--allow-unrecorded' in err
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    try:
+    with logged(level=logging.WARNING) as warnings:
         assert tool.main([str(config), str(old), str(out), '--allow-unrecorded']) == 0
-    finally:
-        logger.removeHandler(handler)
-    assert [r.getMessage() for r in records if r.levelno == logging.WARNING][0] == (
+    assert warnings[0] == (
         f'{old} records neither alpha, rank and targets nor the base weights its factors were '
         f"trained on: merging with the config's, unchecked")
     merged = torch.load(out, weights_only=True)

@@ -253,5 +253,5 @@ def test_a_head_count_in_the_metadata_is_taken_only_if_it_fits(stated, heads, ti
         assert (f"args['num_heads']={stated} does not fit embed_dims=192; num_heads left "
                 'unknown') in ckpt.notes
     else:
-        assert f"num_heads=1 from args['num_heads']=1" in ckpt.notes
+        assert "num_heads=1 from args['num_heads']=1" in ckpt.notes
         assert check_num_heads(1, 192) == 1

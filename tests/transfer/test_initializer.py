@@ -183,22 +183,6 @@ def test_a_wrapped_child_is_initialised_before_the_transfer():
     assert parent.transfer_report['setting'] == 'random'
 
 
-@pytest.fixture
-def init_info(monkeypatch):
-    """``{parameter name: init info}`` of the last top-level ``init_weights``, as mmengine
-    would log it."""
-    from mmengine.model import BaseModule
-    recorded = {}
-
-    def record(module):
-        recorded.clear()
-        recorded.update((name, module._params_init_info[param]['init_info'])
-                        for name, param in module.named_parameters())
-
-    monkeypatch.setattr(BaseModule, '_dump_init_info', record)
-    return recorded
-
-
 def test_the_copied_tensors_are_logged_as_the_transfers(ckpt_paths, init_info):
     from mmpretrain.registry import MODELS
     path = str(ckpt_paths['timm'])

@@ -3,7 +3,6 @@ dicts built here with the keys and shapes the official models have (random weigh
 official forward written out here from reading the official model code, and the converted
 LinearViT held against it; the strict loader's refusals, by name."""
 import dataclasses
-import logging
 import math
 from collections import OrderedDict
 
@@ -497,19 +496,11 @@ def test_what_the_conversion_leaves_to_the_user_is_noted(family):
     assert convert_linear_release(headless, num_heads=NUM_HEADS[family]).notes[-1] == no_head
 
 
-def test_the_load_is_logged_with_the_notes():
-    from mmengine.logging import MMLogger
-    messages = []
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = MMLogger.get_instance('test_linear_release_load')
-    logger.addHandler(handler)
+def test_the_load_is_logged_with_the_notes(logged):
     converted = convert_linear_release(release_state('mhla'), num_heads=MHLA_HEADS)
-    try:
+    with logged('test_linear_release_load') as messages:
         load_linear_release(build_release_vit(converted), converted,
                             logger='test_linear_release_load')
-    finally:
-        logger.removeHandler(handler)
     assert [m for m in messages if m.startswith('loaded the')] == [
         f'loaded the {converted.release.description} release ({converted.release.repository}): '
         f'{len(converted.backbone)} tensors into a mhla LinearViT; {converted.notes[0]}']
