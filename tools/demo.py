@@ -1,7 +1,7 @@
 """The whole linvit_mm recipe at small scale, on CPU, from nothing.
 
     python tools/demo.py [--attn-type relu] [--source vit|dinov2] [--work-dir work_dirs/demo]
-                         [--seeds 0 1 2]
+                         [--seeds 0 1 2] [--dense-seeds 0 1 2]
 
 1. writes the generated mini data sets (ImageNet / COCO / ADE20K layouts);
 2. pre-trains a small Softmax ViT on a shapes set (the teacher);
@@ -11,11 +11,14 @@
    distillation) and the staged recipe (attention alignment, feature alignment,
    fine-tuning), all at one budget of optimiser steps (alignment steps counted), once per
    seed; prints each recipe's mean +- std over the seeds and draws a bar chart;
-4. carries the best classifier into Mask R-CNN + ViT-Adapter (mini COCO, box and
-   mask AP) and UperNet + ViT-Adapter (mini ADE20K, mIoU).
+4. carries the best classifier into Mask R-CNN (mini COCO, box AP) and UperNet (mini
+   ADE20K, mIoU), each on the plain-ViT pyramid and on ViT-Adapter, and trains the same
+   runs from a randomly initialised ViT of the same shape, the control: three seeds each
+   (``--dense-seeds``); prints each pair's mean +- std and whether the pre-trained runs all
+   beat the random ones, and says so plainly when they do not.
 
-Every stage runs the same ``tools/train.py`` / ``tools/test.py`` and the configs in
-``configs/demo/`` (thin overrides of the real ones). A stage already run with the same
+Every stage is a ``tools/train.py`` run (its metric: the validation at its end) of a config
+in ``configs/demo/`` (thin overrides of the real ones). A stage already run with the same
 options is reused; ``--force`` redoes everything. ``--source dinov2`` gives the teacher, and
 so every ViT of the demo, DINOv2's shape (patch 14, registers, LayerScale) at the same small
 sizes: the configs of ``configs/demo`` reshaped and written into ``<work-dir>/configs``.
@@ -30,19 +33,20 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, REPO)  # the checkout's linvit_mm, as the tools run from it
 import linvit_mm  # noqa: E402,F401  isort: skip
 import argparse
+import collections
 import json
+import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from linvit_mm.staged import demo_stages
 from linvit_mm.staged.demo_sources import SOURCES, DemoConfigs
-from linvit_mm.staged.demo_stages import (log, plain_checkpoint, run_recipe, run_test, train,
+from linvit_mm.staged.demo_stages import (log, plain_checkpoint, run_dense, run_recipe,
                                           train_teacher)
-from linvit_mm.staged.recipes import (DEMO_RECIPES, DET_CONFIG, DET_SET, RECIPES, SEG_CONFIG,
-                                      SEG_SET, TRANSFER_SET, data_options, points_per_image,
-                                      recipe_stages, summarise, write_data_sets,
-                                      format_mean_std)
+from linvit_mm.staged.recipes import (DEMO_RECIPES, DENSE_INITS, DENSE_NECKS, DENSE_TASKS,
+                                      RECIPES, TRANSFER_SET, compare_inits, format_mean_std,
+                                      points_per_image, recipe_stages, summarise,
+                                      write_data_sets)
 
 def transfer_table(top1, summary):
     """The console table: one row per recipe, mean +- std and every seed's top-1."""
@@ -86,6 +90,82 @@ def bar_chart(top1, summary, attn_type, teacher_acc, num_val, path):
     plt.close(fig)
 
 
+def dense_table(dense, comparisons):
+    """The console table of the dense stage: per task and neck, each initialisation's mean +-
+    std and runs, the difference of the means and the verdict of ``compare_inits``."""
+    header = (f'  {"metric":<20}{"neck":<9}{"pre-trained ViT":>17}{"random ViT":>15}'
+              f'{"difference":>12}  {"runs (pre-trained | random)":<34}verdict')
+    lines = [header]
+    for task, by_neck in dense.items():
+        for neck, by_init in by_neck.items():
+            comparison = comparisons[task][neck]
+            runs = ' | '.join(' '.join(f'{value:.1f}' for value in by_init[init].values())
+                              for init in DENSE_INITS)
+            lines.append(
+                f'  {DENSE_TASKS[task]["label"]:<20}{neck:<9}'
+                + ''.join(f'{format_mean_std(comparison["rows"][init]):>{width}}'
+                          for init, width in zip(DENSE_INITS, (17, 15)))
+                + f'{comparison["difference"]:>+12.1f}  {runs:<34}{comparison["verdict"]}')
+    return '\n'.join(lines)
+
+
+def dense_verdicts(comparisons):
+    """What the comparisons support: one sentence a task and neck, then one on the whole
+    table, which holds several comparisons and so several chances of a separation by
+    chance."""
+    lines, ahead, chances = [], 0, []
+    for task, by_neck in comparisons.items():
+        for neck, comparison in by_neck.items():
+            rows = comparison['rows']
+            subject = f'{DENSE_TASKS[task]["label"]}, {neck} neck'
+            chance = comparison['p_separated']
+            chances.append(chance)
+            values = [rows[init][key] for init in DENSE_INITS for key in ('min', 'max')]
+            if min(values) == max(values):
+                lines.append(f'{subject}: every run ended at {values[0]:.1f}, so nothing was '
+                             f'learned that could tell the two starts apart.')
+            elif comparison['verdict'] == 'overlap':
+                lines.append(f'{subject}: the pre-trained and random runs overlap, so these '
+                             f'{rows["pre-trained"]["n"]} seeds show no effect of the '
+                             f'pre-training.')
+            else:
+                ahead += comparison['verdict'] == 'pre-trained ahead'
+                winner, loser = (('pre-trained', 'random')
+                                 if comparison['verdict'] == 'pre-trained ahead'
+                                 else ('random', 'pre-trained'))
+                lines.append(f'{subject}: every {winner} run beats every {loser} one (a chance '
+                             f'of {chance:.2f} if the start made no difference).')
+    if not ahead:
+        lines.append("So at this budget the dense stage shows that the classifier's ViT "
+                     'carries into Mask R-CNN and UperNet and trains there, not that its '
+                     'pre-training helps them.')
+    else:
+        by_luck = 1 - math.prod(1 - chance for chance in chances)
+        lines.append(f'{ahead} of {len(chances)} comparisons put the pre-trained ViT ahead; '
+                     f'if the start made no difference, at least one of {len(chances)} would '
+                     f'do so by chance {by_luck:.0%} of the time, so read a single one as a '
+                     f'hint to be repeated with other seeds, not as evidence.'
+                     if ahead == 1 else
+                     f'{ahead} of {len(chances)} comparisons put the pre-trained ViT ahead, '
+                     f'each with a chance of at most {max(chances):.2f} if the start made no '
+                     f'difference.')
+    return lines
+
+
+def dense_summary(dense, comparisons, budgets, sets):
+    """The dense stage's part of summary.json."""
+    return {task: dict(
+        metric=DENSE_TASKS[task]['label'], budget=budgets[task],
+        budget_unit=DENSE_TASKS[task]['budget_unit'], images=sets[task],
+        necks={neck: dict(runs=by_init, difference=comparisons[task][neck]['difference'],
+                          verdict=comparisons[task][neck]['verdict'],
+                          p_separated=comparisons[task][neck]['p_separated'],
+                          **{init: comparisons[task][neck]['rows'][init]
+                             for init in DENSE_INITS})
+               for neck, by_init in by_neck.items()})
+        for task, by_neck in dense.items()}
+
+
 # ----------------------------------------------------------------------------- main
 def parse_args(argv=None):
     from linvit_mm.cpu_threads import usable_cores
@@ -107,16 +187,24 @@ def parse_args(argv=None):
     parser.add_argument('--teacher-iters', type=int, default=1500)
     parser.add_argument('--transfer-iters', type=int, default=200,
                         help="every recipe's optimiser steps, alignment steps included")
-    parser.add_argument('--det-epochs', type=int, default=12)
-    parser.add_argument('--seg-iters', type=int, default=400)
+    parser.add_argument('--det-epochs', type=int, default=4,
+                        help='epochs of each Mask R-CNN run of the dense stage')
+    parser.add_argument('--seg-iters', type=int, default=120,
+                        help='iterations of each UperNet run of the dense stage')
+    parser.add_argument('--dense-seeds', type=int, nargs='+', default=[0, 1, 2],
+                        help='one dense run per task, neck, initialisation and seed '
+                        '(default 0 1 2)')
     parser.add_argument('--jobs', type=int, default=min(2, usable_cores()),
-                        help='transfer runs at a time, each on cores / jobs threads '
+                        help='transfer and dense runs at a time, each on cores / jobs threads '
                         '(default: 2 where there are 2 cores or more)')
     parser.add_argument('--skip-dense', action='store_true', help='stop after classification')
     parser.add_argument('--force', action='store_true', help='redo stages already done')
     args = parser.parse_args(argv)
-    if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
-        parser.error(f'--seeds must be distinct non-negative integers, got {args.seeds}')
+    for name in ('seeds', 'dense_seeds'):
+        seeds = getattr(args, name)
+        if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+            parser.error(f'--{name.replace("_", "-")} must be distinct non-negative integers, '
+                         f'got {seeds}')
     if len(set(args.recipes)) != len(args.recipes):
         parser.error(f'--recipes names a recipe twice: {args.recipes}')
     for name in ('teacher_iters', 'transfer_iters', 'det_epochs', 'seg_iters', 'jobs'):
@@ -214,54 +302,56 @@ def main(argv=None):
         run_dir = osp.join(work, args.attn_type, best, f'seed{best_seed}')
         classifier = plain_checkpoint(best, best_seed, checkpoints[best, best_seed],
                                       work_dir=run_dir, **common)
-        log(f'4/4 dense prediction from the best recipe\'s best classifier ({best}, seed '
-            f'{best_seed}: {top1[best][best_seed]:.2f}%)')
-        backbone = [f'model.backbone.vit.attn_type={args.attn_type}',
-                    f'model.backbone.pretrained={classifier}']
-        coco = osp.join(data_root, DET_SET) + '/'
-        det_options = backbone + [
-            f'train_dataloader.dataset.data_root={coco}',
-            f'val_dataloader.dataset.data_root={coco}',
-            f'test_dataloader.dataset.data_root={coco}',
-            f'val_evaluator.ann_file={coco}annotations/instances_val2017.json',
-            f'test_evaluator.ann_file={coco}annotations/instances_val2017.json',
-            f'train_cfg.max_epochs={args.det_epochs}',
-            f'train_cfg.val_interval={args.det_epochs}',
-            f'default_hooks.checkpoint.interval={args.det_epochs}']
-        det_dir = osp.join(work, f'mask-rcnn_{args.attn_type}')
-        coco_summary = summaries[DET_SET]
-        log(f'    Mask R-CNN + adapter on mini COCO ({coco_summary["splits"]["train"]} training '
-            f'images, {args.det_epochs} epochs)')
-        det_config = configs.path(DET_CONFIG)
-        det_ckpt, _, timings['detection'], _ = train(det_config, det_dir, det_options,
-                                                     args.force)
-        det_out = run_test(det_config, det_ckpt, det_dir, det_options,
-                           extra=['--show-dir', osp.join(det_dir, 'vis')])
-        box_ap, mask_ap = (demo_stages.metric(det_out, 'coco/bbox_mAP'),
-                           demo_stages.metric(det_out, 'coco/segm_mAP'))
+        budgets = dict(detection=args.det_epochs, segmentation=args.seg_iters)
+        sets = {task: summaries[spec['data_set']]['splits']
+                for task, spec in DENSE_TASKS.items()}
+        log(f'4/4 dense prediction: the {best} classifier of seed {best_seed} '
+            f'({top1[best][best_seed]:.2f}%) against a randomly initialised ViT of its shape, '
+            f'each under the plain-ViT pyramid and under ViT-Adapter: Mask R-CNN on mini COCO '
+            f'({sets["detection"]["train"]} training images, {args.det_epochs} epochs), '
+            f'UperNet on mini ADE20K ({sets["segmentation"]["train"]} training images, '
+            f'{args.seg_iters} iterations); seeds {" ".join(map(str, args.dense_seeds))}, '
+            f'{args.jobs} at a time')
+        dense_runs = [(task, neck, init, seed) for task in DENSE_TASKS for neck in DENSE_NECKS
+                      for init in DENSE_INITS for seed in args.dense_seeds]
 
-        ade = osp.join(data_root, SEG_SET)
-        seg_options = backbone + data_options(ade) + [
-            f'train_cfg.max_iters={args.seg_iters}', f'train_cfg.val_interval={args.seg_iters}',
-            f'default_hooks.checkpoint.interval={args.seg_iters}',
-            f'param_scheduler.1.end={args.seg_iters}']  # warm-up: the first 20 iterations
-        seg_dir = osp.join(work, f'upernet_{args.attn_type}')
-        log(f'    UperNet + adapter on mini ADE20K ({args.seg_iters} iterations)')
-        seg_config = configs.path(SEG_CONFIG)
-        seg_ckpt, _, timings['segmentation'], _ = train(seg_config, seg_dir, seg_options,
-                                                        args.force)
-        seg_out = run_test(seg_config, seg_ckpt, seg_dir, seg_options,
-                           extra=['--show-dir', osp.join(seg_dir, 'vis')])
-        miou = demo_stages.metric(seg_out, 'mIoU')
+        def one_dense_run(key):
+            task, neck, init, seed = key
+            run = run_dense(task, neck, init, seed, classifier=classifier,
+                            attn_type=args.attn_type, data_root=data_root,
+                            budget=budgets[task], configs=configs, force=args.force,
+                            work_dir=osp.join(work, args.attn_type, 'dense', f'{task}_{neck}',
+                                              init, f'seed{seed}'), threads=threads)
+            value = run.metric * DENSE_TASKS[task]['scale']
+            log(f'    {task:<12} {neck:<7} {init:<11} seed {seed}: {value:6.2f} '
+                f'({run.seconds:.0f} s{", reused" if run.reused else ""})')
+            return key, value, run.seconds
+
+        dense_started = time.time()
+        dense = {task: {neck: {init: {} for init in DENSE_INITS} for neck in DENSE_NECKS}
+                 for task in DENSE_TASKS}
+        dense_seconds = collections.defaultdict(float)
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            for (task, neck, init, seed), value, seconds in pool.map(one_dense_run, dense_runs):
+                dense[task][neck][init][seed] = value
+                dense_seconds[task] += seconds
+        timings['dense'] = time.time() - dense_started
+        comparisons = {task: {neck: compare_inits(by_init) for neck, by_init in by_neck.items()}
+                       for task, by_neck in dense.items()}
         print()
-        print(f'  from the {best} classifier of seed {best_seed} ({args.attn_type}):')
-        print(f'  Mask R-CNN (mini COCO val, {coco_summary["splits"]["val"]} images): box mAP '
-              f'{box_ap:.3f} ({100 * box_ap:.1f} AP), mask mAP {mask_ap:.3f} '
-              f'({100 * mask_ap:.1f} AP)')
-        print(f'  UperNet (mini ADE20K val):  mIoU {miou:.2f}')
+        print(f'  dense prediction, the {best} classifier of seed {best_seed} ({args.attn_type}) '
+              f'against a random ViT of its shape, mean +- std over seeds '
+              f'{" ".join(map(str, args.dense_seeds))} (validation: {sets["detection"]["val"]} '
+              f'mini COCO, {sets["segmentation"]["val"]} mini ADE20K images):')
+        print(dense_table(dense, comparisons))
         print()
-        summary.update(best_recipe=best, best_seed=best_seed, coco_bbox_mAP=box_ap,
-                       coco_segm_mAP=mask_ap, ade_mIoU=miou)
+        for line in dense_verdicts(comparisons):
+            print(f'  {line}')
+        print()
+        summary.update(best_recipe=best, best_seed=best_seed, dense_seeds=args.dense_seeds,
+                       dense=dense_summary(dense, comparisons, budgets, sets),
+                       dense_train_seconds={task: round(value, 1)
+                                            for task, value in dense_seconds.items()})
 
     timings['total'] = time.time() - started
     summary['seconds'] = {name: round(value, 1) for name, value in timings.items()}

@@ -1,6 +1,7 @@
-# Demo step 3a: Mask R-CNN + ViT-Adapter on the generated mini COCO set (128 x 96 images),
-# backbone initialised from a demo classification checkpoint (--cfg-options
-# model.backbone.pretrained=PATH). Thin overrides of the COCO configs: sizes and schedule.
+# The demo's dense stage: Mask R-CNN + ViT-Adapter on a generated mini COCO set (the demo's
+# are 64 x 64 images, others are resized to fit 64 x 64), the ViT initialised from a demo
+# classification checkpoint (--cfg-options model.backbone.pretrained=PATH) or at random
+# (pretrained=None). Thin overrides of the COCO configs: sizes and schedule.
 _base_ = [
     '../_base_/models/mask-rcnn_linvit-adapter_fpn.py',
     'mmdet::_base_/datasets/coco_instance.py',
@@ -25,7 +26,7 @@ model = dict(
         bbox_head=dict(in_channels=channels, fc_out_channels=256, num_classes=4),
         mask_roi_extractor=dict(out_channels=channels),
         mask_head=dict(in_channels=channels, conv_out_channels=channels, num_classes=4)),
-    # a few objects in 128 x 96 images: far fewer proposals and sampled RoIs than COCO's
+    # a few objects in small images: far fewer proposals and sampled RoIs than COCO's
     train_cfg=dict(
         rpn_proposal=dict(nms_pre=200, max_per_img=100),
         rcnn=dict(sampler=dict(num=64))),
@@ -36,13 +37,13 @@ model = dict(
 train_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(type='Resize', scale=(128, 96), keep_ratio=True),
+    dict(type='Resize', scale=(64, 64), keep_ratio=True),
     dict(type='RandomFlip', prob=0.5),
     dict(type='PackDetInputs'),
 ]
 test_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='Resize', scale=(128, 96), keep_ratio=True),
+    dict(type='Resize', scale=(64, 64), keep_ratio=True),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
     dict(type='PackDetInputs',
          meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),

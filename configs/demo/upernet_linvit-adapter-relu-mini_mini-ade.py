@@ -1,7 +1,7 @@
-# Demo step 3b: UperNet + ViT-Adapter on the generated mini ADE20K set (128 x 96 images,
-# 6 classes after reduce_zero_label), backbone initialised from a demo classification
-# checkpoint (--cfg-options model.backbone.pretrained=PATH). Thin overrides of the ADE20K
-# configs: sizes and schedule.
+# The demo's dense stage: UperNet + ViT-Adapter on a generated mini ADE20K set (6 classes after
+# reduce_zero_label; the demo's are 64 x 64 images), the ViT initialised from a demo
+# classification checkpoint (--cfg-options model.backbone.pretrained=PATH) or at random
+# (pretrained=None). Thin overrides of the ADE20K configs: sizes and schedule.
 _base_ = [
     '../_base_/models/upernet_linvit-adapter.py',
     'mmseg::_base_/datasets/ade20k.py',
@@ -16,7 +16,8 @@ data_root = 'data/mini/ade'
 metainfo = dict(classes=('wall', 'building', 'sky', 'floor', 'tree', 'ceiling'))
 norm_cfg = dict(type='BN', requires_grad=True)
 model = dict(
-    data_preprocessor=dict(size=(96, 128)),
+    # a mini set's images share one size: pad to a multiple of 32, not to a crop size
+    data_preprocessor=dict(size=None, size_divisor=32),
     backbone={{_base_.mini_adapter}},
     decode_head=dict(
         in_channels=[96, 96, 96, 96], channels=64, num_classes=6, norm_cfg=norm_cfg),

@@ -7,16 +7,21 @@ import pprint
 from .recipes import CONFIG_LOCK, DEMO_CONFIGS
 
 # The shape of the demo's teacher (and so of its students, the distillation and alignment
-# teachers and the adapter's ViT): None keeps configs/demo as it is, a ViT like DeiT's (class
-# token, position embedding, patch 8 on 64 px images); otherwise the LinearViT arch word
-# whose architecture switches the demo's ViTs take at their own small sizes, and the image
-# size the classification pipelines resize to. 'dinov2' has DINOv2's with registers: patch
-# 14, 4 register tokens, LayerScale, position slots for the patches only; 112 px keeps the
-# default's 8 x 8 grid of patches.
+# teachers and the dense stage's ViTs): None keeps configs/demo as it is, a ViT like DeiT's
+# (class token, position embedding, patch 8 on 64 px images); otherwise the LinearViT arch
+# word whose architecture switches the demo's ViTs take at their own small sizes, and the
+# image size the classification pipelines resize to. 'dinov2' has DINOv2's with registers:
+# patch 14, 4 register tokens, LayerScale, position slots for the patches only; 112 px keeps
+# the default's 8 x 8 grid of patches.
 SOURCES = {
     'vit': None,
     'dinov2': dict(arch_word='dinov2-reg-small', img_size=112),
 }
+
+# The dense backbones that wrap a LinearViT (their ``vit`` argument).
+DENSE_WRAPPERS = tuple(prefix + name for name in ('LinearViTAdapter', 'LinearViTPlainPyramid')
+                       for prefix in ('', 'mmpretrain.'))
+
 
 def source_arch(arch, source):
     """The arch dict of ``source``'s arch word at the sizes of ``arch`` (an arch dict or word
@@ -62,9 +67,10 @@ def _resize_classification_pipeline(pipeline, img_size):
 def reshape_for_source(cfg, source):
     """Give every ViT of ``cfg`` (a loaded config of configs/demo) the shape of ``source``: each
     ``LinearViT`` (classifier backbone, distillation or alignment teacher, a LoRA module) and
-    each ``LinearViTAdapter``'s ``vit`` take ``source_arch`` and the source's image size, and
-    the classification pipelines (those ending in ``PackInputs``) resize to it. Returns the
-    dotted paths of the ViTs reshaped; a config without one is refused."""
+    the ``vit`` of each ``LinearViTAdapter`` and ``LinearViTPlainPyramid`` take
+    ``source_arch`` and the source's image size, and the classification pipelines (those
+    ending in ``PackInputs``) resize to it. Returns the dotted paths of the ViTs reshaped; a
+    config without one is refused."""
     reshaped = []
 
     def visit(node, path):
@@ -73,7 +79,7 @@ def reshape_for_source(cfg, source):
             if kind in ('LinearViT', 'mmpretrain.LinearViT'):
                 _reshape_vit(node, source)
                 reshaped.append(path)
-            elif kind in ('LinearViTAdapter', 'mmpretrain.LinearViTAdapter') and 'vit' in node:
+            elif kind in DENSE_WRAPPERS and 'vit' in node:
                 _reshape_vit(node['vit'], source)
                 reshaped.append(f'{path}.vit')
             pipeline = node.get('pipeline')
@@ -88,7 +94,7 @@ def reshape_for_source(cfg, source):
 
     visit(cfg._cfg_dict, '')
     if not reshaped:
-        raise ValueError(f'{cfg.filename} has no LinearViT or LinearViTAdapter to give the '
+        raise ValueError(f'{cfg.filename} has no LinearViT or dense wrapper of one to give the '
                          f'{source!r} shape')
     return reshaped
 

@@ -15,8 +15,9 @@ import threading
 import time
 import uuid
 
-from .recipes import (ALIGN_STAGES, CLS_CONFIG, LORA_STAGES, REPO, TEACHER_CONFIG, TEACHER_SET,
-                      data_options, recipe_stages, schedule_options, stage_options)
+from .recipes import (ALIGN_STAGES, CLS_CONFIG, DENSE_INITS, DENSE_TASKS, LORA_STAGES, REPO,
+                      TEACHER_CONFIG, TEACHER_SET, data_options, dense_options, recipe_stages,
+                      schedule_options, stage_options)
 
 MERGE_LORA = osp.join('tools', 'model_converters', 'merge_lora.py')
 # Lines of the tools' logs worth showing while a stage runs.
@@ -167,13 +168,6 @@ def train(config, work_dir, options, force, metric_name=None, show=True, threads
     return run
 
 
-def run_test(config, checkpoint, work_dir, options, extra=(), runner=None):
-    """``tools/test.py`` of ``checkpoint``; its output."""
-    return _runner(runner)(['tools/test.py', config, checkpoint, '--work-dir', work_dir, *extra,
-                            '--cfg-options', *options], osp.join(work_dir, 'test.log'),
-                           show=False)
-
-
 def train_teacher(work_dir, data_root, iters, force, configs, runner=None):
     """The Softmax teacher on ``TEACHER_SET`` (``configs``: ``DemoConfigs``): ``Trained`` with
     its top-1."""
@@ -218,3 +212,18 @@ def plain_checkpoint(recipe, seed, checkpoint, *, steps, attn_type, teacher, dat
                      merged, '--cfg-options', *options],
                     osp.join(work_dir, stage, 'merge.log'), show=False)
     return merged
+
+
+def run_dense(task, neck, init, seed, *, classifier, attn_type, data_root, budget, configs,
+              work_dir, force, threads=None, runner=None):
+    """One dense run: ``task``'s config for ``neck`` (``DENSE_TASKS``), its ViT the
+    ``classifier`` checkpoint's (``init='pre-trained'``) or initialised at random
+    (``'random'``), trained for ``budget`` epochs / iterations into ``work_dir``; return
+    ``Trained`` with the metric of its final validation (the whole validation set)."""
+    if init not in DENSE_INITS:
+        raise ValueError(f'unknown init {init!r}; inits: {", ".join(DENSE_INITS)}')
+    spec = DENSE_TASKS[task]
+    options = dense_options(task, neck, data_root, budget, attn_type=attn_type, seed=seed,
+                            checkpoint=classifier if init == 'pre-trained' else None)
+    return train(configs.path(spec['configs'][neck]), work_dir, options, force,
+                 metric_name=spec['metric'], show=False, threads=threads, runner=runner)

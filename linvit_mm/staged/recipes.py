@@ -16,8 +16,6 @@ from linvit_mm.utils.compat import package_root
 REPO = osp.dirname(package_root())
 DEMO_CONFIGS = osp.join(REPO, 'configs', 'demo')
 TEACHER_CONFIG = 'linvit-softmax-mini_random_1xb32_mini-shapes.py'
-DET_CONFIG = 'mask-rcnn_linvit-adapter-relu-mini_fpn_mini-coco.py'
-SEG_CONFIG = 'upernet_linvit-adapter-relu-mini_mini-ade.py'
 # Config.fromfile is not thread-safe (pkg_resources, which it asks whether a scope's package is
 # installed, fails under concurrent calls); the transfer runs' threads read configs through it.
 CONFIG_LOCK = threading.Lock()
@@ -31,12 +29,38 @@ DEMO_SETS = {
                        dict(task='shapes', train_per_class=150, val_per_class=16)),
     'imagenet_groups_val210': ('make_mini_imagenet',
                                dict(task='shape-groups', train_per_class=8, val_per_class=70)),
-    'coco_demo': ('make_mini_coco', dict(num_train=96, num_val=32)),
+    # The dense sets: 64 x 64 scenes of one or two shapes, the size of the images the demo's
+    # ViTs are pre-trained on (an 8 x 8 grid of patches, shapes of a similar scale), and
+    # cheap enough for the dense stage's twelve runs a task.
+    'coco_demo': ('make_mini_coco', dict(num_train=48, num_val=48, img_size=64,
+                                         max_instances=2)),
+    'ade_demo': ('make_mini_ade', dict(num_train=48, num_val=48, img_size=64,
+                                       max_instances=2)),
 }
 TEACHER_SET, TRANSFER_SET, DET_SET, SEG_SET = (
-    'imagenet_large', 'imagenet_groups_val210', 'coco_demo', 'ade')
+    'imagenet_large', 'imagenet_groups_val210', 'coco_demo', 'ade_demo')
 # One validation image may move a recipe's accuracy by at most this many points.
 MAX_POINTS_PER_IMAGE = 0.5
+
+# The dense stage: per task, its config of configs/demo for each neck (the same heads, data
+# and schedule on the plain-ViT pyramid and on ViT-Adapter), its set, the metric its final
+# validation reports (printed times ``scale``) and the unit of its budget.
+DENSE_NECKS = ('plain', 'adapter')
+DENSE_TASKS = {
+    'detection': dict(
+        configs=dict(plain='mask-rcnn_linvit-plain-relu-mini_fpn_mini-coco.py',
+                     adapter='mask-rcnn_linvit-adapter-relu-mini_fpn_mini-coco.py'),
+        data_set=DET_SET, metric='coco/bbox_mAP', scale=100, label='Mask R-CNN box AP',
+        budget_unit='epochs'),
+    'segmentation': dict(
+        configs=dict(plain='upernet_linvit-plain-relu-mini_mini-ade.py',
+                     adapter='upernet_linvit-adapter-relu-mini_mini-ade.py'),
+        data_set=SEG_SET, metric='mIoU', scale=1, label='UperNet mIoU',
+        budget_unit='iterations'),
+}
+# The ViT a dense run starts from: the demo's best classifier, or one of the same shape
+# initialised at random, the control that says what the classification stages are worth.
+DENSE_INITS = ('pre-trained', 'random')
 
 # A recipe is its stages in order: (stage, share of the budget). A stage is the part of a
 # configs/demo name between the operator and the batch size. The paper's settings are one
@@ -188,6 +212,26 @@ def stage_options(stage, iters, *, attn_type, seed, teacher, data_root, previous
     return options
 
 
+def dense_options(task, neck, data_root, budget, *, attn_type, checkpoint, seed):
+    """``--cfg-options`` of one dense run of ``task`` (a key of ``DENSE_TASKS``) in its config
+    for ``neck``: its set under ``data_root``; ``budget`` epochs (detection) or iterations
+    (segmentation: ``schedule_options``) with one validation and one checkpoint at the end;
+    the ViT's operator, its weights (``checkpoint``, a classifier's; ``None``: random) and the
+    seed."""
+    spec = DENSE_TASKS[task]
+    root = osp.join(data_root, spec['data_set'])
+    options = [f'model.backbone.vit.attn_type={attn_type}',
+               f'model.backbone.pretrained={checkpoint}', f'randomness.seed={seed}']
+    if task == 'detection':
+        root += '/'  # mmdet joins data_root and the prefixes as strings
+        options += data_options(root) + [
+            f'{evaluator}.ann_file={root}annotations/instances_val2017.json'
+            for evaluator in ('val_evaluator', 'test_evaluator')]
+        return options + [f'train_cfg.max_epochs={budget}', f'train_cfg.val_interval={budget}',
+                          f'default_hooks.checkpoint.interval={budget}']
+    return options + data_options(root) + schedule_options(spec['configs'][neck], budget)
+
+
 # ----------------------------------------------------------------------------- results
 def summarise(top1):
     """``{recipe: {seed: top-1}}`` -> ``{recipe: dict(mean, std, min, max, n)}``.
@@ -209,3 +253,31 @@ def summarise(top1):
 def format_mean_std(row, digits=1):
     std = '-' if row['std'] is None else f'{row["std"]:.{digits}f}'
     return f'{row["mean"]:.{digits}f} +- {std}'
+
+
+def compare_inits(by_init):
+    """``{'pre-trained': {seed: value}, 'random': {seed: value}}`` (one neck of one task) ->
+    dict(rows=``summarise`` of both, difference=the means' (pre-trained minus random),
+    verdict=``'pre-trained ahead'`` when every pre-trained run is above every random one,
+    ``'random ahead'`` for the reverse, ``'overlap'`` otherwise).
+
+    Separation is the test: with n runs a side and no difference between the
+    initialisations, every ordering of the 2n results is equally likely, so one side's runs
+    all lie above the other's with probability ``p_separated(n, n)`` (1 / 20 for three seeds).
+    """
+    missing = [init for init in DENSE_INITS if not by_init.get(init)]
+    if missing:
+        raise ValueError(f'compare_inits needs runs of both initialisations; '
+                         f'none of: {", ".join(missing)}')
+    rows = summarise({init: by_init[init] for init in DENSE_INITS})
+    pre, rand = (rows[init] for init in DENSE_INITS)
+    verdict = ('pre-trained ahead' if pre['min'] > rand['max'] else
+               'random ahead' if rand['min'] > pre['max'] else 'overlap')
+    return dict(rows=rows, difference=pre['mean'] - rand['mean'], verdict=verdict,
+                p_separated=p_separated(pre['n'], rand['n']))
+
+
+def p_separated(n_first, n_second):
+    """The chance that ``n_first`` results all lie above ``n_second`` others when all
+    ``n_first + n_second`` come from one distribution (no ties): ``1 / C(n1 + n2, n1)``."""
+    return 1.0 / math.comb(n_first + n_second, n_first)

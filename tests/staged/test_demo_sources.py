@@ -55,7 +55,7 @@ def vits_of(node, found=None):
         kind = str(node.get('type')).split('.')[-1]  # with or without a scope
         if kind == 'LinearViT':
             found.append(node)
-        elif kind == 'LinearViTAdapter':
+        elif kind in ('LinearViTAdapter', 'LinearViTPlainPyramid'):
             found.append(node['vit'])
         for value in node.values():
             vits_of(value, found)
@@ -163,18 +163,19 @@ def test_dinov2_student_copies_the_dinov2_teacher(tmp_path):
     assert copied['pos_embed'].shape[1] == 64  # the patches' slots only (no_embed_class)
 
 
-@pytest.mark.parametrize('config', ['DET_CONFIG', 'SEG_CONFIG'])
-def test_dinov2_dense_configs_build(config, tmp_path):
-    """The adapter's ViT in the written Mask R-CNN and UperNet configs has the DINOv2 shape
-    and the backbone gives the four maps at strides 4 to 32 of the dense stage's 128 x 96
-    images."""
+@pytest.mark.parametrize('task,neck', [(task, neck) for task in demo_recipes.DENSE_TASKS
+                                       for neck in demo_recipes.DENSE_NECKS])
+def test_dinov2_dense_configs_build(task, neck, tmp_path):
+    """The ViT of the written Mask R-CNN and UperNet configs, plain pyramid and adapter, has
+    the DINOv2 shape and the backbone gives the four maps at strides 4 to 32 of the dense
+    stage's 128 x 96 images."""
     from mmengine.registry import init_default_scope
     from mmdet.registry import MODELS as DET_MODELS
     from mmseg.registry import MODELS as SEG_MODELS
-    name = getattr(demo_recipes, config)
+    name = demo_recipes.DENSE_TASKS[task]['configs'][neck]
     cfg = Config.fromfile(demo_sources.DemoConfigs('dinov2', str(tmp_path)).path(name))
     assert_dinov2_shaped(cfg)
-    scope, registry = ('mmdet', DET_MODELS) if config == 'DET_CONFIG' else ('mmseg', SEG_MODELS)
+    scope, registry = ('mmdet', DET_MODELS) if task == 'detection' else ('mmseg', SEG_MODELS)
     init_default_scope(scope)
     backbone_cfg = copy.deepcopy(cfg.model.backbone)
     backbone_cfg.pretrained = None
@@ -194,10 +195,12 @@ def test_every_vit_is_reshaped_once_wherever_it_sits():
         model=dict(type='ImageClassifier', backbone=_vit()),
         teachers=[dict(type='Other'), _vit()],
         wrapper=dict(type='Wrapper', vit=_vit()),  # holds a ViT, is no adapter
-        neck=dict(type='LinearViTAdapter', vit=dict(arch=dict(MINI_SIZES)))))
+        neck=dict(type='LinearViTAdapter', vit=dict(arch=dict(MINI_SIZES))),
+        pyramid=dict(type='mmpretrain.LinearViTPlainPyramid', vit=dict(arch=dict(MINI_SIZES)))))
     assert demo_sources.reshape_for_source(cfg, 'dinov2') == [
-        'model.backbone', 'teachers[1]', 'wrapper.vit', 'neck.vit']
-    for vit in (cfg.model.backbone, cfg.teachers[1], cfg.wrapper.vit, cfg.neck.vit):
+        'model.backbone', 'teachers[1]', 'wrapper.vit', 'neck.vit', 'pyramid.vit']
+    for vit in (cfg.model.backbone, cfg.teachers[1], cfg.wrapper.vit, cfg.neck.vit,
+                cfg.pyramid.vit):
         assert vit.arch['patch_size'] == 14 and vit.img_size == 112
 
 

@@ -243,7 +243,7 @@ def test_a_lora_run_is_merged_into_a_plain_checkpoint(recipe_run):
     assert len(runner.runs) == calls
 
 
-def test_the_teacher_and_a_test_run_take_their_own_options(recipe_run, tmp_path):
+def test_the_teacher_takes_its_own_options(recipe_run, tmp_path):
     runner = RecordingRunner()
     data_root = recipe_run['data_root']
     run = demo_stages.train_teacher(str(tmp_path / 'teacher'), data_root, 5, False,
@@ -254,12 +254,6 @@ def test_the_teacher_and_a_test_run_take_their_own_options(recipe_run, tmp_path)
         'tools/train.py', config, '--work-dir', str(tmp_path / 'teacher'), '--cfg-options',
         *demo_recipes.data_options(os.path.join(data_root, demo_recipes.TEACHER_SET)),
         *demo_recipes.schedule_options(demo_recipes.TEACHER_CONFIG, 5)]
-    demo_stages.run_test(config, run.checkpoint, str(tmp_path), ['a=1'], extra=('--tta', ),
-                         runner=runner)
-    assert runner.runs[-1] == dict(
-        args=['tools/test.py', config, run.checkpoint, '--work-dir', str(tmp_path), '--tta',
-              '--cfg-options', 'a=1'], log=str(tmp_path / 'test.log'), show=False,
-        threads=None)
 
 
 def test_a_run_that_fails_leaves_no_record_of_the_earlier_one(tmp_path):
@@ -298,3 +292,48 @@ def test_a_stage_is_shown_unless_asked_otherwise_and_the_log_lines_are_stamped(t
     assert runner.runs[-1]['show'] is True
     demo_stages.log('a message')
     assert re.fullmatch(r'\[demo \d\d:\d\d:\d\d\] a message\n', capsys.readouterr().out)
+
+
+class DenseRunner(RecordingRunner):
+    """A dense run's tools/train.py: the checkpoint and a final validation of each metric."""
+
+    def __call__(self, args, log_path, show=True, threads=None):
+        super().__call__(args, log_path, show, threads)
+        return ('Epoch(val) [4][8/8]    coco/bbox_mAP: 0.0100  coco/segm_mAP: 0.0200\n'
+                'Epoch(val) [5][8/8]    coco/bbox_mAP: 0.3120  coco/bbox_mAP_50: 0.9000  '
+                'coco/segm_mAP: 0.2500\n'
+                'Iter(val) [8/8]    aAcc: 90.0000  mIoU: 41.5000  mAcc: 50.0000\n')
+
+
+@pytest.mark.parametrize('task,neck,init,metric', [
+    ('detection', 'plain', 'pre-trained', 0.312),
+    ('detection', 'adapter', 'random', 0.312),
+    ('segmentation', 'plain', 'random', 41.5),
+    ('segmentation', 'adapter', 'pre-trained', 41.5),
+])
+def test_a_dense_run_trains_its_necks_config_from_the_classifier_or_at_random(
+        task, neck, init, metric, tmp_path):
+    runner = DenseRunner()
+    configs = demo_sources.DemoConfigs('vit')
+    kwargs = dict(classifier='/c/best.pth', attn_type='ttt', data_root='/data', budget=7,
+                  configs=configs, work_dir=str(tmp_path / 'run'), force=False, threads=1,
+                  runner=runner)
+    run = demo_stages.run_dense(task, neck, init, 2, **kwargs)
+    assert run.metric == metric and not run.reused
+    (call, ) = runner.runs
+    options = demo_recipes.dense_options(
+        task, neck, '/data', 7, attn_type='ttt', seed=2,
+        checkpoint='/c/best.pth' if init == 'pre-trained' else None)
+    assert call['args'] == [
+        'tools/train.py', configs.path(demo_recipes.DENSE_TASKS[task]['configs'][neck]),
+        '--work-dir', str(tmp_path / 'run'), '--cfg-options', *options]
+    assert call['show'] is False and call['threads'] == 1
+    assert demo_stages.run_dense(task, neck, init, 2, **kwargs).reused
+
+
+def test_a_dense_run_refuses_an_unknown_init(tmp_path):
+    with pytest.raises(ValueError, match="unknown init 'imagenet'; inits: pre-trained, random"):
+        demo_stages.run_dense('detection', 'plain', 'imagenet', 0, classifier='c.pth',
+                              attn_type='relu', data_root='/d', budget=1,
+                              configs=demo_sources.DemoConfigs('vit'),
+                              work_dir=str(tmp_path), force=False, runner=DenseRunner())

@@ -191,3 +191,82 @@ def test_only_the_transfer_set_must_be_large_enough(monkeypatch, tmp_path):
     assert summary['splits']['val'] == 6
     with pytest.raises(ValueError, match='a validation set of 6 images'):
         demo_recipes.write_demo_set(str(tmp_path), demo_recipes.TRANSFER_SET)
+
+
+# ----------------------------------------------------------------------------- dense stage
+@pytest.mark.parametrize('pre,rand,verdict', [
+    ({0: 30.0, 1: 31.0, 2: 29.5}, {0: 20.0, 1: 29.4, 2: 25.0}, 'pre-trained ahead'),
+    ({0: 20.0, 1: 21.0}, {0: 21.5, 1: 30.0}, 'random ahead'),
+    # one pair out of order is an overlap, and so is a tie at the edge
+    ({0: 30.0, 1: 31.0, 2: 24.0}, {0: 20.0, 1: 29.4, 2: 25.0}, 'overlap'),
+    ({0: 30.0, 1: 29.4}, {0: 20.0, 1: 29.4}, 'overlap'),
+], ids=['pre-trained-ahead', 'random-ahead', 'one-pair-reversed', 'tie'])
+def test_the_inits_are_compared_by_separation(pre, rand, verdict):
+    comparison = demo_recipes.compare_inits({'pre-trained': pre, 'random': rand})
+    assert comparison['verdict'] == verdict
+    assert comparison['difference'] == pytest.approx(
+        statistics.mean(pre.values()) - statistics.mean(rand.values()))
+    assert comparison['rows'] == demo_recipes.summarise({'pre-trained': pre, 'random': rand})
+    assert comparison['p_separated'] == demo_recipes.p_separated(len(pre), len(rand))
+
+
+def test_separation_by_chance_is_one_in_the_orderings():
+    assert demo_recipes.p_separated(3, 3) == pytest.approx(1 / 20)
+    assert demo_recipes.p_separated(2, 3) == pytest.approx(1 / 10)
+    assert demo_recipes.p_separated(1, 1) == 0.5
+
+
+@pytest.mark.parametrize('missing', ['pre-trained', 'random'])
+def test_a_comparison_needs_both_inits(missing):
+    by_init = {'pre-trained': {0: 1.0}, 'random': {0: 2.0}, missing: {}}
+    with pytest.raises(ValueError, match=f'none of: {missing}$'):
+        demo_recipes.compare_inits(by_init)
+
+
+def test_dense_options_of_a_detection_run():
+    options = demo_recipes.dense_options('detection', 'adapter', '/d', 5, attn_type='mhla',
+                                         checkpoint='/c.pth', seed=2)
+    root = f'/d/{demo_recipes.DET_SET}/'
+    assert options == [
+        'model.backbone.vit.attn_type=mhla', 'model.backbone.pretrained=/c.pth',
+        'randomness.seed=2', f'train_dataloader.dataset.data_root={root}',
+        f'val_dataloader.dataset.data_root={root}', f'test_dataloader.dataset.data_root={root}',
+        f'val_evaluator.ann_file={root}annotations/instances_val2017.json',
+        f'test_evaluator.ann_file={root}annotations/instances_val2017.json',
+        'train_cfg.max_epochs=5', 'train_cfg.val_interval=5',
+        'default_hooks.checkpoint.interval=5']
+
+
+def test_dense_options_of_a_random_segmentation_run():
+    options = demo_recipes.dense_options('segmentation', 'plain', '/d', 40, attn_type='relu',
+                                         checkpoint=None, seed=0)
+    root = f'/d/{demo_recipes.SEG_SET}'
+    # the configs' 20-iteration warm-up, cut to a tenth of a short run, then the poly decay
+    assert options == [
+        'model.backbone.vit.attn_type=relu', 'model.backbone.pretrained=None',
+        'randomness.seed=0', f'train_dataloader.dataset.data_root={root}',
+        f'val_dataloader.dataset.data_root={root}', f'test_dataloader.dataset.data_root={root}',
+        'train_cfg.max_iters=40', 'train_cfg.val_interval=40',
+        'default_hooks.checkpoint.interval=40', 'param_scheduler.0.end=4',
+        'param_scheduler.1.begin=4', 'param_scheduler.1.end=40']
+    assert demo_recipes.dense_options('segmentation', 'adapter', '/d', 400, attn_type='relu',
+                                      checkpoint=None, seed=0)[-3:] == [
+        'param_scheduler.0.end=20', 'param_scheduler.1.begin=20', 'param_scheduler.1.end=400']
+
+
+@pytest.mark.parametrize('task', sorted(demo_recipes.DENSE_TASKS))
+def test_each_dense_task_has_a_config_per_neck(task):
+    """The plain and adapter configs of a task differ in the backbone only: the same heads,
+    data, schedule and ViT."""
+    configs = demo_recipes.DENSE_TASKS[task]['configs']
+    assert sorted(configs) == sorted(demo_recipes.DENSE_NECKS)
+    loaded = {neck: Config.fromfile(str(REPO / 'configs' / 'demo' / name)).to_dict()
+              for neck, name in configs.items()}
+    plain, adapter = loaded['plain'], loaded['adapter']
+    assert plain['model']['backbone']['type'] == 'mmpretrain.LinearViTPlainPyramid'
+    assert adapter['model']['backbone']['type'] == 'mmpretrain.LinearViTAdapter'
+    assert plain['model']['backbone']['vit'] == adapter['model']['backbone']['vit']
+    plain.pop('mini_plain')  # the plain backbone's base variable
+    for cfg in (plain, adapter):
+        cfg['model'].pop('backbone')
+    assert plain == adapter

@@ -121,3 +121,114 @@ def test_dinov2_transfer_end_to_end(demo, monkeypatch, tmp_path, in_process_run_
         assert state['backbone.register_tokens'].shape == (1, 4, 96)
         assert state['backbone.patch_embed.projection.weight'].shape[-2:] == (14, 14)
         assert state['backbone.pos_embed'].shape == (1, 64, 96)
+
+
+@pytest.mark.slow
+def test_dense_stage_end_to_end(demo, monkeypatch, tmp_path, in_process_run_tool):
+    """The dense stage from a two-step classifier: Mask R-CNN and UperNet, each on the plain
+    pyramid and on the adapter, from the classifier's ViT and from a random one, two seeds:
+    every run trained, the table's rows and the summary's verdicts from those runs."""
+    monkeypatch.setattr(demo_stages, 'run_tool', in_process_run_tool)
+    for name, smaller in ((demo_recipes.TEACHER_SET, dict(train_per_class=4, val_per_class=2)),
+                          (demo_recipes.DET_SET, dict(num_train=4, num_val=4))):
+        maker, params = demo_recipes.DEMO_SETS[name]
+        monkeypatch.setitem(demo_recipes.DEMO_SETS, name, (maker, dict(params, **smaller)))
+    work = tmp_path / 'work'
+    summary = demo.main(['--recipes', 'fullcopy-distill', '--seeds', '0', '--teacher-iters', '2',
+                         '--transfer-iters', '2', '--det-epochs', '1', '--seg-iters', '2',
+                         '--dense-seeds', '0', '1', '--jobs', '1', '--work-dir', str(work),
+                         '--data-root', str(tmp_path / 'data')])
+    assert summary['dense_seeds'] == [0, 1]
+    for task, unit in (('detection', 'epochs'), ('segmentation', 'iterations')):
+        result = summary['dense'][task]
+        assert result['budget_unit'] == unit and set(result['necks']) == {'plain', 'adapter'}
+        for neck, row in result['necks'].items():
+            runs = row['runs']
+            assert set(runs) == {'pre-trained', 'random'}
+            assert all(set(by_seed) == {0, 1} for by_seed in runs.values())
+            assert row['verdict'] == demo_recipes.compare_inits(runs)['verdict']
+            trained = work / 'relu' / 'dense' / f'{task}_{neck}'
+            for init in ('pre-trained', 'random'):
+                log = (trained / init / 'seed1' / 'train.log').read_text()
+                assert ('ViT tensors from' in log) == (init == 'pre-trained'), (task, neck, init)
+    written = json.loads((work / 'summary.json').read_text())
+    assert written['dense']['segmentation']['necks']['plain']['verdict'] == (
+        summary['dense']['segmentation']['necks']['plain']['verdict'])
+
+
+def _comparisons(verdicts):
+    """``compare_inits`` of runs that give each task and neck the verdict asked for."""
+    runs = {'pre-trained ahead': ({0: 30., 1: 32., 2: 31.}, {0: 20., 1: 25., 2: 22.}),
+            'random ahead': ({0: 20., 1: 21., 2: 22.}, {0: 30., 1: 25., 2: 28.}),
+            'overlap': ({0: 10., 1: 30., 2: 20.}, {0: 15., 1: 25., 2: 20.5})}
+    comparisons, dense = {}, {}
+    for (task, neck), verdict in verdicts.items():
+        pre, rand = runs[verdict]
+        dense.setdefault(task, {})[neck] = {'pre-trained': pre, 'random': rand}
+        comparisons.setdefault(task, {})[neck] = demo_recipes.compare_inits(
+            dense[task][neck])
+    return dense, comparisons
+
+
+def test_dense_table_shows_both_inits_their_runs_and_the_verdict(demo):
+    dense, comparisons = _comparisons({('detection', 'plain'): 'pre-trained ahead',
+                                       ('segmentation', 'adapter'): 'overlap'})
+    header, detection, segmentation = demo.dense_table(dense, comparisons).splitlines()
+    assert header.split()[:4] == ['metric', 'neck', 'pre-trained', 'ViT']
+    assert detection.split() == ['Mask', 'R-CNN', 'box', 'AP', 'plain', '31.0', '+-', '1.0',
+                                 '22.3', '+-', '2.5', '+8.7', '30.0', '32.0', '31.0', '|',
+                                 '20.0', '25.0', '22.0', 'pre-trained', 'ahead']
+    assert segmentation.split()[:3] == ['UperNet', 'mIoU', 'adapter']
+    assert segmentation.split()[-1] == 'overlap' and '-0.2' in segmentation.split()
+
+
+def test_dense_verdicts_say_plainly_when_no_comparison_separates(demo):
+    _, comparisons = _comparisons({('detection', 'plain'): 'random ahead',
+                                   ('segmentation', 'plain'): 'overlap'})
+    lines = demo.dense_verdicts(comparisons)
+    assert lines == [
+        'Mask R-CNN box AP, plain neck: every random run beats every pre-trained one (a '
+        'chance of 0.05 if the start made no difference).',
+        'UperNet mIoU, plain neck: the pre-trained and random runs overlap, so these 3 seeds '
+        'show no effect of the pre-training.',
+        "So at this budget the dense stage shows that the classifier's ViT carries into Mask "
+        'R-CNN and UperNet and trains there, not that its pre-training helps them.']
+
+
+def test_runs_that_all_end_alike_learned_nothing_to_compare(demo):
+    floor = {0: 15.07, 1: 15.07, 2: 15.07}
+    comparisons = {'segmentation': {'adapter': demo_recipes.compare_inits(
+        {'pre-trained': floor, 'random': dict(floor)})}}
+    assert demo.dense_verdicts(comparisons)[0] == (
+        'UperNet mIoU, adapter neck: every run ended at 15.1, so nothing was learned that '
+        'could tell the two starts apart.')
+
+
+def test_one_separation_among_several_comparisons_is_called_a_hint(demo):
+    """Four comparisons of three seeds: one separation in the pre-trained ViT's favour comes
+    by chance 1 - 0.95^4 = 19 % of the time; the table says so. Two are reported with each
+    one's chance."""
+    keys = [(task, neck) for task in ('detection', 'segmentation')
+            for neck in ('plain', 'adapter')]
+    _, comparisons = _comparisons(dict(zip(keys, ['pre-trained ahead'] + ['overlap'] * 3)))
+    lines = demo.dense_verdicts(comparisons)
+    assert lines[0] == ('Mask R-CNN box AP, plain neck: every pre-trained run beats every '
+                        'random one (a chance of 0.05 if the start made no difference).')
+    assert lines[-1] == ('1 of 4 comparisons put the pre-trained ViT ahead; if the start made '
+                         'no difference, at least one of 4 would do so by chance 19% of the '
+                         'time, so read a single one as a hint to be repeated with other '
+                         'seeds, not as evidence.')
+    _, comparisons = _comparisons(dict(zip(keys, ['pre-trained ahead'] * 2 + ['overlap'] * 2)))
+    assert demo.dense_verdicts(comparisons)[-1] == (
+        '2 of 4 comparisons put the pre-trained ViT ahead, each with a chance of at most 0.05 '
+        'if the start made no difference.')
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--dense-seeds', '1', '1'], '--dense-seeds must be distinct'),
+    (['--dense-seeds', '-2'], '--dense-seeds must be distinct non-negative'),
+])
+def test_bad_dense_seeds_are_refused(demo, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        demo.parse_args(argv)
+    assert message in capsys.readouterr().err

@@ -65,16 +65,17 @@ def test_two_sizes_are_height_and_width(tool, capsys):
 
 @pytest.mark.parametrize('config, shape, counted', [
     ('mask-rcnn_linvit-adapter-relu-mini_fpn_mini-coco.py', (3, 64, 96), 'LinearViTAdapter'),
-    ('upernet_linvit-adapter-relu-mini_mini-ade.py', (3, 50, 70), 'LinearViTAdapter'),
-], ids=['mmdet-pads-to-32', 'mmseg'])
+    ('upernet_linvit-adapter-relu-mini_mini-ade.py', (3, 64, 96), 'LinearViTAdapter'),
+    ('upernet_linvit-plain-relu-mini_mini-ade.py', (3, 64, 96), 'LinearViTPlainPyramid'),
+], ids=['mmdet-pads-to-32', 'mmseg-pads-to-32', 'mmseg-plain'])
 def test_dense_configs_count_the_backbone(tool, capsys, config, shape, counted):
     results = tool.main([str(DEMO / config), '--shape', '50', '70'])
     out = capsys.readouterr().out
     assert f'Input shape: {shape}' in out
     assert f'!!!Only the backbone network ({counted}) is counted in FLOPs analysis.' in out
     assert '(attn): ReLUAttention(' in results['out_arch']
-    # the ViT's blocks, counted like the backbone benchmark counts them, and the adapter's own
-    # parts (deformable attention, convolutions) on top
+    # the ViT's blocks, counted like the backbone benchmark counts them, and the neck's own
+    # parts (the adapter's deformable attention, convolutions) on top
     adapter, _ = tool.build_analysed_model(Config.fromfile(DEMO / config))
     assert results['flops'] > count_macs(adapter.vit, shape[1:])['blocks'] > 0
 
