@@ -90,3 +90,26 @@ def test_a_bad_hybrid_is_rejected(bench, capsys, operator, message):
     with pytest.raises(SystemExit):
         bench.parse_args(['--operators', 'softmax', operator])
     assert message in capsys.readouterr().err
+
+
+def test_the_released_forms_of_hedgehog_and_inline_are_measured_by_name(bench):
+    """hedgehog-untied builds LoLCATs' released maps (one for the keys too, kaiming-uniform,
+    not the identity), inline-residual InLine-DeiT's residual branch; both take their
+    operator's bound target and pass ``--operators`` as they are."""
+    import torch
+
+    from linvit_mm.utils.benchmark.targets import BOUND_FRACTION_TARGETS, bound_fractions
+    untied = backbone.build_backbone('hedgehog-untied', TINY_ARCH, 32).layers[0].attn
+    assert not untied.tie_qk and untied.feature_proj_k is not None
+    assert untied.feature_init == 'kaiming_uniform'
+    assert not torch.allclose(untied.feature_proj[0], torch.eye(untied.head_dims))
+    tied = backbone.build_backbone('hedgehog', TINY_ARCH, 32).layers[0].attn
+    assert tied.tie_qk and tied.feature_proj_k is None
+    assert backbone.build_backbone('inline-residual', TINY_ARCH, 32).layers[0].attn.residual
+    assert backbone.build_backbone('inline', TINY_ARCH, 32).layers[0].attn.residual is None
+    assert bound_fractions(['hedgehog-untied', 'inline-residual']) == {
+        'hedgehog-untied': BOUND_FRACTION_TARGETS['hedgehog'],
+        'inline-residual': BOUND_FRACTION_TARGETS['inline']}
+    assert bench.parse_args(['--operators', 'softmax', 'hedgehog-untied', 'inline-residual',
+                             '--no-memory']).operators == ['softmax', 'hedgehog-untied',
+                                                           'inline-residual']

@@ -17,6 +17,11 @@ from .targets import REFERENCE
 OPERATOR_VARIANTS = {
     'mhla-offnorm': ('mhla', dict(attn_cfg=dict(normaliser='official'))),
     'mhla-official': ('mhla', dict(attn_cfg=OFFICIAL_IMAGENET, qkv_bias=False)),
+    # LoLCATs' released configs: a map for the queries and one for the keys, kaiming-uniform
+    'hedgehog-untied': ('hedgehog', dict(attn_cfg=dict(tie_qk=False,
+                                                       feature_init='kaiming_uniform'))),
+    # InLine-DeiT's local residual branch, off in the paper's form
+    'inline-residual': ('inline', dict(attn_cfg=dict(residual=True))),
 }
 
 

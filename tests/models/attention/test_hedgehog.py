@@ -18,7 +18,6 @@ from linvit_mm.models.attention import hedgehog, map_attention
 from linvit_mm.models.attention.hedgehog import naive_hedgehog_attention
 from linvit_mm.testing import assert_rel_close, rel_error
 from linvit_mm.transfer import transfer_softmax_weights
-from linvit_mm.utils.benchmark import BOUND_FRACTION_TARGETS
 
 FEATURE_MAPS = ['softmax', 'exp']
 GRIDS = [(6, 6), (4, 7), (5, 3)]
@@ -511,7 +510,6 @@ def test_traits(make_attention):
     assert cls is HedgehogAttention and cls.attn_type == 'hedgehog'
     assert cls.has_map and cls.uses_cls_token and cls.has_qk_form
     assert cls.softmax_fill == {'qkv': WHOLE, 'proj': WHOLE}
-    assert BOUND_FRACTION_TARGETS['hedgehog'] == .80
     assert not cls.supports_rope and cls.rope_absent_because
     assert ("feature_map='softmax', tie_qk=True, feature_init='identity'"
             in repr(make_attention('hedgehog')))
