@@ -77,7 +77,7 @@ class InProcessTools:
     with the same arguments, less the interpreter start-up and imports, which on two cores
     take longer than a 30-step run itself. mmengine names a run by its config and the second
     it starts, so each run gets its own ``experiment_name`` (two runs of one config within a
-    second would otherwise share a logger and message hub). Output is captured by redirecting
+    second would otherwise share a logger and message hub) and its own visualizer. Output is captured by redirecting
     ``sys.stdout``, which is global: one run at a time."""
 
     def __init__(self, threads=None, label='in_process'):
@@ -98,7 +98,10 @@ class InProcessTools:
             spec.loader.exec_module(self.modules[path])
         argv = [str(arg) for arg in args[1:]]
         if osp.basename(path) in ('train.py', 'test.py'):
-            argv.append(f'experiment_name={self.label}_{uuid.uuid4().hex[:12]}')
+            # the visualizer is a named singleton too, and mmdet's and mmseg's configs name
+            # theirs 'visualizer': a detection run after a segmentation run would draw with it
+            run = f'{self.label}_{uuid.uuid4().hex[:12]}'
+            argv += [f'experiment_name={run}', f'visualizer.name={run}']
         stream = io.StringIO()
         try:
             with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):

@@ -161,8 +161,12 @@ def test_an_in_process_run_calls_main_once_loaded(tool, tmp_path):
     finally:
         torch.set_num_threads(threads)
     assert (tmp_path / 'a.log').read_text() == output
-    # a train.py run is named apart from any other run of the same config in this second
-    assert re.search(r"argv \['ok', 'experiment_name=here_[0-9a-f]{12}'\]", output)
+    # a train.py run is named apart from any other run of the same config in this second,
+    # and draws with a visualizer of its own
+    names = re.search(r"argv \['ok', 'experiment_name=(here_[0-9a-f]{12})', "
+                      r"'visualizer.name=(here_[0-9a-f]{12})'\]", output)
+    assert names and names[1] == names[2]
+    assert names[1] not in (tmp_path / 'b.log').read_text()
     assert list(runner.modules) == [tool]
     with pytest.raises(SystemExit, match=rf"here: {re.escape(tool)} fail failed "
                                          rf"\(RuntimeError\('asked to fail'\)\); log: "):

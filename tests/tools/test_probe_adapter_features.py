@@ -118,9 +118,10 @@ def test_bad_options_are_refused(bad):
 @pytest.mark.slow
 def test_the_probe_finds_the_class_in_a_conv_stem_on_a_demo_sized_set(tmp_path):
     """A random convolutional stem keeps the shapes' outlines, which a linear probe reads
-    (88-89 % over seeds 0-2 on the demo's set, chance 29 %): the probe is not blind."""
+    (68 % on the demo's set, 64 x 64 images, chance 27 %): the probe is not blind."""
+    from linvit_mm.staged.recipes import DEMO_SETS, DET_SET
     from linvit_mm.testing.mini_data import make_mini_coco
-    make_mini_coco(tmp_path / 'coco', num_train=96, num_val=32)
+    make_mini_coco(tmp_path / 'coco', **DEMO_SETS[DET_SET][1])
     result = probe.main([str(DET_CONFIG), *coco_options(tmp_path / 'coco')])
     assert result['val_boxes'] >= 60
     assert result['accuracy']['spatial prior'] >= result['chance'] + 0.3
