@@ -77,8 +77,8 @@ class InProcessTools:
     with the same arguments, less the interpreter start-up and imports, which on two cores
     take longer than a 30-step run itself. mmengine names a run by its config and the second
     it starts, so each run gets its own ``experiment_name`` (two runs of one config within a
-    second would otherwise share a logger and message hub) and its own visualizer. Output is captured by redirecting
-    ``sys.stdout``, which is global: one run at a time."""
+    second would otherwise share a logger and message hub) and its own visualizer. Output is
+    captured by redirecting ``sys.stdout``, which is global: one run at a time."""
 
     def __init__(self, threads=None, label='in_process'):
         self.modules = {}
