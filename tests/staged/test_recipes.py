@@ -200,7 +200,8 @@ def test_only_the_transfer_set_must_be_large_enough(monkeypatch, tmp_path):
     # one pair out of order is an overlap, and so is a tie at the edge
     ({0: 30.0, 1: 31.0, 2: 24.0}, {0: 20.0, 1: 29.4, 2: 25.0}, 'overlap'),
     ({0: 30.0, 1: 29.4}, {0: 20.0, 1: 29.4}, 'overlap'),
-], ids=['pre-trained-ahead', 'random-ahead', 'one-pair-reversed', 'tie'])
+    ({0: 20.0, 1: 29.4}, {0: 35.0, 1: 29.4}, 'overlap'),
+], ids=['pre-trained-ahead', 'random-ahead', 'one-pair-reversed', 'tie', 'tie-the-other-way'])
 def test_the_inits_are_compared_by_separation(pre, rand, verdict):
     comparison = demo_recipes.compare_inits({'pre-trained': pre, 'random': rand})
     assert comparison['verdict'] == verdict

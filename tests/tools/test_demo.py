@@ -224,6 +224,24 @@ def test_one_separation_among_several_comparisons_is_called_a_hint(demo):
         'if the start made no difference.')
 
 
+def test_the_dense_summary_holds_each_pairs_runs_rows_and_verdict(demo):
+    dense, comparisons = _comparisons({('detection', 'adapter'): 'pre-trained ahead',
+                                       ('segmentation', 'plain'): 'random ahead'})
+    sets = dict(detection=dict(train=48, val=48), segmentation=dict(train=24, val=8))
+    summary = demo.dense_summary(dense, comparisons, dict(detection=4, segmentation=120), sets)
+    detection, segmentation = summary['detection'], summary['segmentation']
+    assert {key: detection[key] for key in ('metric', 'budget', 'budget_unit', 'images')} == dict(
+        metric='Mask R-CNN box AP', budget=4, budget_unit='epochs', images=sets['detection'])
+    assert (segmentation['budget'], segmentation['budget_unit']) == (120, 'iterations')
+    adapter = detection['necks']['adapter']
+    assert adapter['runs'] == dense['detection']['adapter']
+    assert adapter['verdict'] == 'pre-trained ahead' and adapter['p_separated'] == 0.05
+    assert adapter['difference'] == pytest.approx(31. - 67 / 3)
+    assert adapter['pre-trained'] == comparisons['detection']['adapter']['rows']['pre-trained']
+    assert adapter['random'] == comparisons['detection']['adapter']['rows']['random']
+    assert segmentation['necks']['plain']['verdict'] == 'random ahead'
+
+
 @pytest.mark.parametrize('argv,message', [
     (['--dense-seeds', '1', '1'], '--dense-seeds must be distinct'),
     (['--dense-seeds', '-2'], '--dense-seeds must be distinct non-negative'),
