@@ -3,8 +3,10 @@
 ViT^3 (the ``ttt`` operator) runs three small depthwise 3x3 convolutions per block: its
 conditional position encoding and the fit and read of its conv inner model, whose kernel is
 different for every image. At 224 px oneDNN spends more time setting these calls up (and in
-its weight-gradient path) than computing them; ``csrc/depthwise3x3.cpp`` covers all of them,
-forward and backward (see ``extension.py`` for the build and the fallback).
+its weight-gradient path) than computing them; ``csrc/depthwise.cpp`` covers all of them,
+forward and backward (see ``extension.py`` for the build and the fallback). Its loops take any
+odd kernel size: MHLA's fused C++ form (``mhla_core.py``) runs its 5x5 value convolution
+with them.
 
 * ``conv_tokens(tokens, weight, hw_shape, flip)``: ``out[p] = sum_t tokens[p + s_t] w[t]``
   with zero padding, weight ``(B or 1, 9, C)`` (tap ``t = 3 * (dy + 1) + (dx + 1)``);
@@ -14,8 +16,9 @@ forward and backward (see ``extension.py`` for the build and the fallback).
 * ``position_code(tokens, weight, bias, hw_shape)``: ``tokens + conv(tokens) + bias`` with
   autograd, one pass each way (the conditional position encoding; ``(C, 1, 3, 3)`` weight).
 
-``depthwise_conv2d`` is MHLA's 5x5 value convolution in image layout; it has no C++ half,
-only a backward made of forward convolutions.
+``depthwise_conv2d`` is MHLA's value convolution in image layout, for the operator's PyTorch
+form (which runs wherever its fused C++ form does not); it has no C++ half, only a backward
+made of forward convolutions.
 
 Token tensors need a channel stride of 1 only, so column slices of a fused qkv projection
 are used in place.

@@ -1,7 +1,7 @@
 """linvit_mm's C++ CPU kernels, compiled on first use with ``torch.utils.cpp_extension``.
 
-ViT^3's inner step is a dozen small tensor operations per block; at 196 tokens their set-up
-costs (oneDNN primitives for tiny depthwise convolutions, one memory pass per elementwise
+ViT^3's inner step is a dozen small tensor operations per block, MHLA's attention about
+twenty-five; at 196 tokens their set-up costs (oneDNN primitives for tiny depthwise convolutions, one memory pass per elementwise
 operation, one autograd node each) outweigh the arithmetic. ``csrc/`` fuses them. The build
 needs a C++ compiler and ninja (both part of the environment ``tools/setup_env.sh`` makes),
 takes about half a minute once, and is cached by torch per user
@@ -36,7 +36,8 @@ import torch
 # package through a link (site-packages/linvit_mm, see tools/setup_env.py) would
 # otherwise make ninja rebuild what a process importing from the source tree built.
 CSRC = osp.join(osp.dirname(osp.realpath(__file__)), 'csrc')
-SOURCES = ('bindings.cpp', 'depthwise3x3.cpp', 'ttt_inner.cpp')
+SOURCES = ('bindings.cpp', 'depthwise.cpp', 'hedgehog_core.cpp', 'mhla_core.cpp',
+           'ttt_inner.cpp')
 _SOURCE_SUFFIXES = ('.c', '.cc', '.cpp', '.cxx', '.h', '.hh', '.hpp', '.inl', '.cu', '.cuh')
 KERNEL_DTYPES = (torch.float32, torch.float64)
 # The build is cached and may be reused on another CPU of the same user, so it targets the
@@ -103,8 +104,9 @@ def cpu_kernels():
             _extension = build()
         except Exception as err:  # no compiler or ninja, a read-only cache, ...
             warnings.warn(f'linvit_mm: the C++ CPU kernels could not be built, so the ttt '
-                          f'operator runs on PyTorch operations (same results, slower on '
-                          f'CPU). Set LINVIT_MM_CPU_KERNELS=0 to skip the attempt. Cause: {err}')
+                          f'and mhla operators run on PyTorch operations (same results, '
+                          f'slower on CPU). Set LINVIT_MM_CPU_KERNELS=0 to skip the attempt. '
+                          f'Cause: {err}')
     return _extension
 
 

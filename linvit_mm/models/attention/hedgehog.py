@@ -23,6 +23,7 @@ read here, the O(N^2) oracle of the tests.
 import torch
 from torch import nn
 
+from ...ops.hedgehog_core import hedgehog_attention, kernels_apply
 from .base import WHOLE, float32_state, register_attention
 from .map_attention import LinearMapAttention
 
@@ -137,6 +138,10 @@ class HedgehogAttention(LinearMapAttention):
     times the plain ones) divided by their row sums (each at least 1).
     ``forward_reference`` is neither: it is :func:`naive_hedgehog_attention`, the plain
     formula with unshifted exponentials, written with no helper of the two forms above.
+
+    On the CPU, in eager fp32 / fp64 code, this form runs as one autograd node of C++
+    kernels (:mod:`linvit_mm.ops.hedgehog_core`), the same computation; the PyTorch form
+    serves every other case and traced code.
 
     Under autocast, ``W``, the features, the ``2d x d`` key-value state, the key sums and
     the read-out run in float32 with autocast disabled (sums over N tokens lose mass in
@@ -261,6 +266,10 @@ class HedgehogAttention(LinearMapAttention):
         return shifted.exp_(), key_max
 
     def _linear(self, q, k, v, rotation=None):
+        if kernels_apply(q, k, v, self.feature_proj, self.key_feature_proj()):
+            # the same computation as below, fused (linvit_mm.ops.hedgehog_core)
+            return hedgehog_attention(q, k, v, self.feature_proj, self.key_feature_proj(),
+                                      self.feature_map == 'softmax')
         out_dtype = v.dtype
         # Without autograd, each N x 2d intermediate reuses the buffer of the one before: at
         # 16k tokens they are 50 MB each, and fresh ones cost page faults and bandwidth.
@@ -314,8 +323,9 @@ class HedgehogAttention(LinearMapAttention):
         return self.project(self.naive_forward(x, hw_shape)[0])
 
     def core_macs(self, num_tokens, hw_shape):
-        # x W for queries and keys (N d^2 per head each; -x W is a sign, although the fast
-        # form multiplies by [W, -W], a cheaper way to both halves than negating a copy);
+        # x W for queries and keys (N d^2 per head each; -x W is a sign: the C++ form builds
+        # that half in its loops, the PyTorch form multiplies by [W, -W], a cheaper way to
+        # both halves there than negating a copy);
         # the 2d x d state and its read (2 N d^2 per head each); the key sums over the 2d
         # features (2 N d per head). No normaliser is read: the query weights sum to 1.
         C, d = self.embed_dims, self.head_dims

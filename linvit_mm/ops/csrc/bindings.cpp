@@ -15,6 +15,26 @@ std::vector<at::Tensor> ttt_inner_backward(const at::Tensor& grad_out,
                                            const at::Tensor& qkv, int64_t heads,
                                            int64_t num_extra, int64_t H, int64_t W,
                                            double inner_scale);
+std::vector<at::Tensor> mhla_forward(const at::Tensor& qk, const at::Tensor& v,
+                                     const at::Tensor& mixing, const at::Tensor& conv_weight,
+                                     const c10::optional<at::Tensor>& conv_bias, int64_t heads,
+                                     int64_t H, int64_t W, int64_t rows, int64_t cols,
+                                     int64_t block_h, int64_t block_w, double floor,
+                                     double eps);
+std::vector<at::Tensor> mhla_backward(const at::Tensor& grad_out,
+                                      const std::vector<at::Tensor>& saved,
+                                      const at::Tensor& qk, const at::Tensor& v,
+                                      const at::Tensor& mixing, int64_t heads, int64_t H,
+                                      int64_t W, int64_t rows, int64_t cols, int64_t block_h,
+                                      int64_t block_w);
+std::vector<at::Tensor> hedgehog_forward(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& map_q,
+                                         const at::Tensor& map_k, bool softmax_map);
+std::vector<at::Tensor> hedgehog_backward(const at::Tensor& grad_out,
+                                          const std::vector<at::Tensor>& saved,
+                                          const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, const at::Tensor& map_q,
+                                          const at::Tensor& map_k, bool softmax_map);
 }  // namespace linvit_mm
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -33,4 +53,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "gradients of ttt_inner_forward: [qkv, w1, w2, w3]", py::arg("grad_out"),
         py::arg("saved"), py::arg("qkv"), py::arg("heads"), py::arg("num_extra"), py::arg("H"),
         py::arg("W"), py::arg("inner_scale"));
+  m.def("mhla_forward", &mhla_forward,
+        "MHLA attention plus its value convolution: [out, then what mhla_backward needs]",
+        py::arg("qk"), py::arg("v"), py::arg("mixing"), py::arg("conv_weight"),
+        py::arg("conv_bias"), py::arg("heads"), py::arg("H"), py::arg("W"), py::arg("rows"),
+        py::arg("cols"), py::arg("block_h"), py::arg("block_w"), py::arg("floor"),
+        py::arg("eps"));
+  m.def("mhla_backward", &mhla_backward,
+        "gradients of mhla_forward: [qk, v, mixing, conv_weight, conv_bias]",
+        py::arg("grad_out"), py::arg("saved"), py::arg("qk"), py::arg("v"), py::arg("mixing"),
+        py::arg("heads"), py::arg("H"), py::arg("W"), py::arg("rows"), py::arg("cols"),
+        py::arg("block_h"), py::arg("block_w"));
+  m.def("hedgehog_forward", &hedgehog_forward,
+        "Hedgehog attention's fast form: [out, then what hedgehog_backward needs]",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("map_q"), py::arg("map_k"),
+        py::arg("softmax_map"));
+  m.def("hedgehog_backward", &hedgehog_backward,
+        "gradients of hedgehog_forward: [q, k, v, map_q, map_k]", py::arg("grad_out"),
+        py::arg("saved"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("map_q"),
+        py::arg("map_k"), py::arg("softmax_map"));
 }

@@ -29,6 +29,8 @@
 #include <limits>
 #include <vector>
 
+#include "vector_math.h"
+
 namespace linvit_mm {
 
 void depthwise3x3_into(const at::Tensor& input, const at::Tensor& weight,
@@ -55,22 +57,7 @@ void for_heads(int64_t B, int64_t heads, const F& body) {
   });
 }
 
-// sigmoid inside the fused loops. For float, exp is computed by range reduction to
-// [-ln2/2, ln2/2] and a degree-6 polynomial (relative error ~1e-7, i.e. about one ulp) in
-// plain arithmetic that the compiler vectorises; std::exp would keep the loops scalar.
-inline float exp_vectorisable(float x) {
-  x = std::min(std::max(x, -87.3f), 88.7f);
-  const float t = x * 1.44269504f;
-  const float n = (t + 12582912.f) - 12582912.f;  // t rounded to nearest (1.5 * 2^23 trick)
-  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  const float p = 1.f + r * (1.f + r * (0.5f + r * (0.16666667f + r * (0.041666668f + r *
-                                                (0.008333334f + r * 0.0013888889f)))));
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
+// sigmoid inside the fused loops, on the vectorisable exp of vector_math.h for float
 template <typename T>
 inline T sigmoid(T x) {
   return T(1) / (T(1) + std::exp(-x));

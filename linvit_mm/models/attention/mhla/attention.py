@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ....ops import depthwise_conv2d
+from ....ops.mhla_core import kernels_apply, mhla_attention
 from ..base import BaseAttention, float32_state, register_attention
 from .blocks import (BlockLayout, _pair, blocks_to_tokens, distance_mixing_matrix, padding_mask,
                      to_blocks)
@@ -46,6 +47,11 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
     run in float32 with autocast disabled; the result returns to the projections'
     dtype before the value convolution is added. Queries and keys are not scaled:
     the normaliser cancels any positive query scale.
+
+    On the CPU, in eager fp32 / fp64 code under the default options (the consistent
+    normaliser, no RoPE, no extra tokens), everything between ``qkv`` and ``proj`` runs as one
+    autograd node of C++ kernels (:mod:`linvit_mm.ops.mhla_core`), the same computation as the
+    PyTorch form below, which serves every other case and traced code.
 
     RoPE, as for the kernel operators (RoFormer Sec. 3.4.3): the features of the patch
     tokens are rotated in the numerator only, so a block's summary is
@@ -273,6 +279,14 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
                 out_extra = self.merge_heads(numerator / (normaliser + self.eps))
         return out.to(out_dtype), out_extra.to(out_dtype) if num_extra else None
 
+    def _kernels_apply(self, qk, values, num_extra):
+        """Whether the C++ form runs: it covers the default options (the consistent
+        normaliser, no RoPE) on a grid without extra tokens, in eager CPU code."""
+        conv = self.value_conv
+        return (self.normaliser == 'consistent' and self.rope is None and not num_extra
+                and kernels_apply(qk, values, self.block_mixing, conv.weight,
+                                  *([] if conv.bias is None else [conv.bias])))
+
     def forward(self, x, hw_shape):
         num_extra = self.num_extra_tokens(x, hw_shape)
         layout = self.block_layout(hw_shape)  # rejects an empty grid before any work
@@ -283,6 +297,12 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
         if not (isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)):
             q, k = qk.chunk(2, dim=-1)
             qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=-1)
+        conv = self.value_conv
+        if self._kernels_apply(qk, values, num_extra):
+            # the same computation as below, fused (linvit_mm.ops.mhla_core)
+            out = mhla_attention(qk, values, self.block_mixing, conv.weight, conv.bias,
+                                 self.num_heads, hw_shape, layout, self.feature_floor, self.eps)
+            return self.project(out)
         out, out_extra = self._mixed_linear(qk, values, hw_shape, layout, num_extra)
         out = out + self._local_values(values[:, num_extra:], hw_shape)
         if out_extra is not None:

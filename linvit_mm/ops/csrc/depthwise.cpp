@@ -1,19 +1,21 @@
-// 3x3 depthwise convolution on channels-last token grids, and its kernel correlation.
+// Depthwise convolutions with odd K x K kernels on channels-last token grids, and their
+// kernel correlation.
 //
 // ViT^3 runs three tiny depthwise 3x3 convolutions per block (the conditional position
-// encoding and the conv inner model's fit and read). oneDNN spends tens of microseconds of
-// set-up on each call and its weight-gradient path is slow for them, so at 196 tokens they
-// cost more than the arithmetic. These two loops cover all of them, forward and backward:
+// encoding and the conv inner model's fit and read), MHLA one 5x5 value convolution. oneDNN
+// spends tens of microseconds of set-up on each call and its weight-gradient path is slow for
+// them, so at 196 tokens they cost more than the arithmetic. These two loops cover all of
+// them, forward and backward (r = K / 2):
 //
 //   conv:      out[b, y, x, c] = sum_t in[b, y + dy_t, x + dx_t, c] * w[b, t, c]
-//              (zero padding; t = 3 * (dy + 1) + (dx + 1); `flip` reads tap 8 - t, which
-//              is the transposed convolution, i.e. the gradient with respect to `in`)
+//              (zero padding; t = K * (dy + r) + (dx + r); `flip` reads tap K*K - 1 - t,
+//              which is the transposed convolution, i.e. the gradient with respect to `in`)
 //   correlate: out[b, t, c] = sum_{y, x} a[b, y + dy_t, x + dx_t, c] * g[b, y, x, c]
 //              (the gradient of `conv` with respect to w when g is the output gradient)
 //
 // Grids are (B, H*W, C) token tensors whose channel stride is 1; the token and batch
 // strides are free, so column slices of a fused qkv tensor need no copy. Weights are
-// (B or 1, 9, C) with channel stride 1 (batch stride 0 shares one kernel across images).
+// (B or 1, K*K, C) with channel stride 1 (batch stride 0 shares one kernel across images).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -31,10 +33,12 @@ void check_grid(const at::Tensor& t, const char* name, int64_t H, int64_t W) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
 }
 
+// `accumulate` adds to what `out` holds instead of overwriting it (MHLA adds its value
+// convolution to the attention output, and its input gradient to the values' gradient).
 template <typename T>
 void conv_kernel(const at::Tensor& input, const at::Tensor& weight, const T* bias, bool residual,
-                 at::Tensor& out, int64_t H, int64_t W, bool flip) {
-  const int64_t B = input.size(0), C = input.size(2);
+                 bool accumulate, at::Tensor& out, int64_t H, int64_t W, int64_t K, bool flip) {
+  const int64_t B = input.size(0), C = input.size(2), r = K / 2, taps = K * K;
   const int64_t sb = input.stride(0), sp = input.stride(1);
   const int64_t wb = weight.size(0) == 1 ? 0 : weight.stride(0), wt = weight.stride(1);
   const T* in = input.data_ptr<T>();
@@ -47,20 +51,22 @@ void conv_kernel(const at::Tensor& input, const at::Tensor& weight, const T* bia
       for (int64_t x = 0; x < W; ++x) {
         T* __restrict__ dst = o + b * ob + (y * W + x) * op;
         const T* __restrict__ center = in + b * sb + (y * W + x) * sp;
-        if (residual && bias) {
-          for (int64_t c = 0; c < C; ++c) dst[c] = center[c] + bias[c];
-        } else if (residual) {
-          for (int64_t c = 0; c < C; ++c) dst[c] = center[c];
-        } else if (bias) {
-          for (int64_t c = 0; c < C; ++c) dst[c] = bias[c];
-        } else {
+        if (!accumulate) {
           for (int64_t c = 0; c < C; ++c) dst[c] = 0;
         }
-        for (int64_t t = 0; t < 9; ++t) {
-          const int64_t yy = y + t / 3 - 1, xx = x + t % 3 - 1;
+        if (residual) {
+#pragma GCC ivdep
+          for (int64_t c = 0; c < C; ++c) dst[c] += center[c];
+        }
+        if (bias) {
+#pragma GCC ivdep
+          for (int64_t c = 0; c < C; ++c) dst[c] += bias[c];
+        }
+        for (int64_t t = 0; t < taps; ++t) {
+          const int64_t yy = y + t / K - r, xx = x + t % K - r;
           if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
           const T* __restrict__ src = in + b * sb + (yy * W + xx) * sp;
-          const T* __restrict__ tap = w + b * wb + (flip ? 8 - t : t) * wt;
+          const T* __restrict__ tap = w + b * wb + (flip ? taps - 1 - t : t) * wt;
 #pragma GCC ivdep
           for (int64_t c = 0; c < C; ++c) dst[c] += src[c] * tap[c];
         }
@@ -74,23 +80,23 @@ constexpr int64_t kBlock = 64;
 
 template <typename T>
 void correlate_kernel(const at::Tensor& a, const at::Tensor& g, at::Tensor& out, int64_t H,
-                      int64_t W) {
-  const int64_t B = a.size(0), C = a.size(2);
+                      int64_t W, int64_t K) {
+  const int64_t B = a.size(0), C = a.size(2), r = K / 2, taps = K * K;
   const int64_t ab = a.stride(0), ap = a.stride(1), gb = g.stride(0), gp = g.stride(1);
   const T* pa = a.data_ptr<T>();
   const T* pg = g.data_ptr<T>();
   // Rows are summed in parallel into per-thread partial sums, added up at the end.
   const int64_t threads = at::get_num_threads();
-  std::vector<T> partial(threads * B * 9 * C, T(0));
+  std::vector<T> partial(threads * B * taps * C, T(0));
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    T* acc_all = partial.data() + at::get_thread_num() * B * 9 * C;
+    T* acc_all = partial.data() + at::get_thread_num() * B * taps * C;
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / H, y = row % H;
-      for (int64_t t = 0; t < 9; ++t) {
-        const int64_t dy = t / 3 - 1, dx = t % 3 - 1, yy = y + dy;
+      for (int64_t t = 0; t < taps; ++t) {
+        const int64_t dy = t / K - r, dx = t % K - r, yy = y + dy;
         if (yy < 0 || yy >= H) continue;
-        const int64_t x_begin = dx < 0 ? 1 : 0, x_end = dx > 0 ? W - 1 : W;
-        T* __restrict__ dst = acc_all + (b * 9 + t) * C;
+        const int64_t x_begin = std::max<int64_t>(0, -dx), x_end = std::min(W, W - dx);
+        T* __restrict__ dst = acc_all + (b * taps + t) * C;
         for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
           const int64_t width = std::min(kBlock, C - c0);
           T acc[kBlock] = {};
@@ -106,24 +112,26 @@ void correlate_kernel(const at::Tensor& a, const at::Tensor& g, at::Tensor& out,
     }
   });
   T* o = out.data_ptr<T>();
-  for (int64_t i = 0; i < B * 9 * C; ++i) {
+  for (int64_t i = 0; i < B * taps * C; ++i) {
     T sum = 0;
-    for (int64_t th = 0; th < threads; ++th) sum += partial[th * B * 9 * C + i];
+    for (int64_t th = 0; th < threads; ++th) sum += partial[th * B * taps * C + i];
     o[i] = sum;
   }
 }
 
 }  // namespace
 
-void depthwise3x3_into(const at::Tensor& input, const at::Tensor& weight,
-                       const c10::optional<at::Tensor>& bias, bool residual, int64_t H, int64_t W,
-                       bool flip, at::Tensor out) {
+void depthwise_into(const at::Tensor& input, const at::Tensor& weight,
+                    const c10::optional<at::Tensor>& bias, bool residual, bool accumulate,
+                    int64_t H, int64_t W, int64_t K, bool flip, at::Tensor out) {
   check_grid(input, "input", H, W);
   check_grid(out, "out", H, W);
+  TORCH_CHECK(K > 0 && K % 2 == 1, "the kernel size must be odd, got ", K);
   TORCH_CHECK(out.size(0) == input.size(0) && out.size(2) == input.size(2),
               "out must be shaped like the input ", input.sizes(), ", got ", out.sizes());
-  TORCH_CHECK(weight.dim() == 3 && weight.size(1) == 9 && weight.size(2) == input.size(2),
-              "weight must be (B or 1, 9, C=", input.size(2), "), got ", weight.sizes());
+  TORCH_CHECK(weight.dim() == 3 && weight.size(1) == K * K && weight.size(2) == input.size(2),
+              "weight must be (B or 1, ", K * K, ", C=", input.size(2), "), got ",
+              weight.sizes());
   TORCH_CHECK(weight.size(0) == 1 || weight.size(0) == input.size(0),
               "weight batch ", weight.size(0), " must be 1 or the input's ", input.size(0));
   TORCH_CHECK(weight.stride(2) == 1, "weight needs a channel stride of 1");
@@ -135,10 +143,16 @@ void depthwise3x3_into(const at::Tensor& input, const at::Tensor& weight,
                     bias->scalar_type() == input.scalar_type(),
                 "bias must be a contiguous (C,) tensor of the input's dtype");
   }
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "depthwise3x3_conv", [&] {
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "depthwise_conv", [&] {
     conv_kernel<scalar_t>(input, weight, bias ? bias->data_ptr<scalar_t>() : nullptr, residual,
-                          out, H, W, flip);
+                          accumulate, out, H, W, K, flip);
   });
+}
+
+void depthwise3x3_into(const at::Tensor& input, const at::Tensor& weight,
+                       const c10::optional<at::Tensor>& bias, bool residual, int64_t H, int64_t W,
+                       bool flip, at::Tensor out) {
+  depthwise_into(input, weight, bias, residual, false, H, W, 3, flip, out);
 }
 
 at::Tensor depthwise3x3(const at::Tensor& input, const at::Tensor& weight,
@@ -149,16 +163,22 @@ at::Tensor depthwise3x3(const at::Tensor& input, const at::Tensor& weight,
   return out;
 }
 
-at::Tensor correlate3x3(const at::Tensor& a, const at::Tensor& g, int64_t H, int64_t W) {
+at::Tensor correlate_taps(const at::Tensor& a, const at::Tensor& g, int64_t H, int64_t W,
+                          int64_t K) {
   check_grid(a, "a", H, W);
   check_grid(g, "g", H, W);
+  TORCH_CHECK(K > 0 && K % 2 == 1, "the kernel size must be odd, got ", K);
   TORCH_CHECK(a.sizes() == g.sizes(), "a and g shapes differ: ", a.sizes(), " vs ", g.sizes());
   TORCH_CHECK(a.scalar_type() == g.scalar_type(), "a and g dtypes differ");
-  auto out = at::empty({a.size(0), 9, a.size(2)}, a.options());
-  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "depthwise3x3_correlate", [&] {
-    correlate_kernel<scalar_t>(a, g, out, H, W);
+  auto out = at::empty({a.size(0), K * K, a.size(2)}, a.options());
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "depthwise_correlate", [&] {
+    correlate_kernel<scalar_t>(a, g, out, H, W, K);
   });
   return out;
+}
+
+at::Tensor correlate3x3(const at::Tensor& a, const at::Tensor& g, int64_t H, int64_t W) {
+  return correlate_taps(a, g, H, W, 3);
 }
 
 }  // namespace linvit_mm

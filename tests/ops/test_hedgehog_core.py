@@ -1,0 +1,136 @@
+"""Hedgehog's fused C++ form (``ops/hedgehog_core.py``): a gradcheck of its own, the operator
+with it against the operator's PyTorch form (outputs and every gradient), large inputs, when
+it is taken and when not, and the kernel's input checks."""
+import pytest
+import torch
+
+from linvit_mm.models.attention import HedgehogAttention
+from linvit_mm.ops import set_cpu_kernels
+from linvit_mm.ops.hedgehog_core import hedgehog_attention
+from linvit_mm.testing import assert_rel_close
+
+OPTIONS = {
+    'softmax-tied': dict(),
+    'exp-tied': dict(feature_map='exp'),
+    'softmax-untied-kaiming': dict(tie_qk=False, feature_init='kaiming_uniform'),
+    'exp-untied': dict(feature_map='exp', tie_qk=False),
+}
+
+
+def make(dtype, embed_dims=24, num_heads=3, seed=0, **kwargs):
+    """A Hedgehog module whose maps are away from the identity (and, untied, from each other),
+    so a swapped or transposed map cannot hide."""
+    torch.manual_seed(seed)
+    module = HedgehogAttention(embed_dims, num_heads, **kwargs).to(dtype)
+    with torch.no_grad():
+        for weight in (module.feature_proj, module.feature_proj_k):
+            if weight is not None:
+                weight.add_(torch.randn_like(weight), alpha=.3)
+    return module
+
+
+def run(module, x, hw, upstream, kernels):
+    module.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_()
+    with set_cpu_kernels(kernels):
+        out = module(x, hw)
+        out.backward(upstream)
+    grads = {name: p.grad for name, p in module.named_parameters()}
+    return {'out': out.detach(), 'x': x.grad, **grads}, out.grad_fn
+
+
+def graph_names(grad_fn):
+    names, stack, seen = set(), [grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(next_fn for next_fn, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize('scale', [1., 30.], ids=['unit', 'scale-30'])
+@pytest.mark.parametrize('option', OPTIONS)
+def test_cpp_form_matches_the_pytorch_form_in_float64(kernels, option, scale):
+    """At scale 30 the features' exponentials would overflow unshifted: both forms shift."""
+    module = make(torch.float64, **OPTIONS[option])
+    generator = torch.Generator().manual_seed(1)
+    hw = (4, 5)
+    x = scale * torch.randn(2, 1 + 20, 24, generator=generator, dtype=torch.float64)
+    upstream = torch.randn(x.shape, generator=generator, dtype=torch.float64)
+    fast, fast_graph = run(module, x, hw, upstream, kernels=True)
+    reference, reference_graph = run(module, x, hw, upstream, kernels=False)
+    assert '_HedgehogAttentionBackward' in graph_names(fast_graph)
+    assert '_HedgehogAttentionBackward' not in graph_names(reference_graph)
+    assert fast.keys() == reference.keys()
+    for name in fast:
+        assert torch.isfinite(fast[name]).all(), name
+        assert_rel_close(fast[name], reference[name], 1e-10, name)
+
+
+def test_cpp_form_matches_the_pytorch_form_in_float32_at_vit_s_width(kernels):
+    """Heads of 64 channels (the vectorised reductions' full width), batch 2, 197 tokens;
+    float32 exponentials of the C++ loops are within about one ulp of PyTorch's."""
+    module = make(torch.float32, embed_dims=384, num_heads=6, tie_qk=False)
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 197, 384, generator=generator)
+    upstream = torch.randn(x.shape, generator=generator)
+    fast, _ = run(module, x, (14, 14), upstream, kernels=True)
+    reference, _ = run(module, x, (14, 14), upstream, kernels=False)
+    for name in fast:
+        assert_rel_close(fast[name], reference[name], 1e-4, name)
+
+
+@pytest.mark.parametrize('softmax_map', [True, False], ids=['softmax', 'exp'])
+def test_fused_step_gradcheck(kernels, softmax_map):
+    """The hand-written backward against finite differences of the C++ forward, every input
+    (untied maps, so each map's gradient is checked on its own)."""
+    generator = torch.Generator().manual_seed(0)
+
+    def randn(*shape, std=1.):
+        return (std * torch.randn(*shape, generator=generator,
+                                  dtype=torch.float64)).requires_grad_()
+
+    heads, N, d = 2, 5, 3
+    # heads as a permuted view of one tensor, as the qkv split passes them
+    qkv = randn(2, N, 3, heads, d).permute(2, 0, 3, 1, 4)
+    inputs = (*qkv.unbind(0), randn(heads, d, d, std=.7), randn(heads, d, d, std=.7))
+
+    def attention(q, k, v, map_q, map_k):
+        return hedgehog_attention(q, k, v, map_q, map_k, softmax_map)
+
+    assert torch.autograd.gradcheck(attention, inputs)
+
+
+def test_inference_makes_no_autograd_node(kernels):
+    module = make(torch.float64)
+    x = torch.randn(1, 17, 24, dtype=torch.float64)
+    with torch.no_grad():
+        inferred = module(x, (4, 4))
+    out = module(x, (4, 4))
+    assert '_HedgehogAttentionBackward' in graph_names(out.grad_fn)
+    assert_rel_close(inferred, out.detach(), 1e-15)
+
+
+@pytest.mark.parametrize('what,expected', [('default', True), ('kernels off', False),
+                                           ('bf16 autocast', False)])
+def test_the_fused_form_runs_exactly_where_it_applies(kernels, what, expected):
+    module = make(torch.float32)
+    x = torch.randn(1, 17, 24)
+    with set_cpu_kernels(what != 'kernels off'), torch.autocast(
+            'cpu', torch.bfloat16, enabled=what == 'bf16 autocast'):
+        out = module(x, (4, 4))
+    assert ('_HedgehogAttentionBackward' in graph_names(out.grad_fn)) is expected
+
+
+def test_kernel_refuses_what_it_cannot_hold(kernels):
+    q, k, v = torch.randn(3, 1, 2, 5, 4, dtype=torch.float64).unbind(0)
+    maps = torch.randn(2, 4, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match='the maps must be'):
+        kernels.hedgehog_forward(q, k, v, maps[:1], maps, True)
+    with pytest.raises(RuntimeError, match='dtypes differ'):
+        kernels.hedgehog_forward(q, k, v.float(), maps, maps, True)
+    with pytest.raises(RuntimeError, match='k must be shaped like q'):
+        kernels.hedgehog_forward(q, k[:, :, :4], v, maps, maps, True)
