@@ -13,6 +13,8 @@ with them.
   ``flip`` mirrors the taps (the transposed convolution);
 * ``correlate_tokens(a, g, hw_shape)``: ``out[t] = sum_p a[p + s_t] g[p]``, ``(B, 9, C)``:
   the kernel gradient of the first, and the one-step fit of ViT^3's conv inner model;
+* ``depthwise3x3_tokens(tokens, taps, hw_shape)``: the first, with autograd for both (InLine's
+  local residual branch, whose kernels differ per image);
 * ``position_code(tokens, weight, bias, hw_shape)``: ``tokens + conv(tokens) + bias`` with
   autograd, one pass each way (the conditional position encoding; ``(C, 1, 3, 3)`` weight).
 
@@ -206,6 +208,43 @@ def correlate_tokens(a, g, hw_shape):
     if use_cpu_kernels(a, g):
         return cpu_kernels().correlate3x3(a, g, *hw_shape)
     return correlate3x3_reference(a, g, hw_shape)
+
+
+class _ConvTokens(Function):
+    """The depthwise 3x3 conv of ``(B, H*W, C)`` tokens with ``(B or 1, 9, C)`` taps, both
+    differentiable, in one pass of the C++ kernel each way."""
+
+    @staticmethod
+    def forward(ctx, tokens, taps, H, W):
+        ctx.save_for_backward(tokens, taps)
+        ctx.hw = H, W
+        return cpu_kernels().depthwise3x3(tokens, taps, None, False, H, W, False)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        tokens, taps = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_tokens = grad_taps = None
+        if ctx.needs_input_grad[0]:
+            # the transposed convolution: mirrored taps
+            grad_tokens = cpu_kernels().depthwise3x3(grad_out, taps, None, False, *ctx.hw, True)
+        if ctx.needs_input_grad[1]:
+            grad_taps = correlate_tokens(tokens, grad_out, ctx.hw)
+            if taps.shape[0] == 1:
+                grad_taps = grad_taps.sum(0, keepdim=True)
+        return grad_tokens, grad_taps, None, None
+
+
+def depthwise3x3_tokens(tokens, taps, hw_shape):
+    """:func:`conv_tokens` with autograd for both the tokens and the taps (InLine's per-image
+    kernels): one C++ pass each way where the kernels apply, the ``F.conv2d`` form
+    elsewhere."""
+    if is_tracing():
+        return depthwise3x3(tokens, taps, None, False, *hw_shape, False)
+    if use_cpu_kernels(tokens, taps) and tokens.dtype == taps.dtype:
+        return _ConvTokens.apply(tokens, taps, *hw_shape)
+    return depthwise3x3_reference(tokens, taps, hw_shape)
 
 
 class _PositionCode(Function):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from linvit_mm.ops import (correlate3x3_reference, depthwise3x3_reference, depthwise_conv2d,
                            position_code, torch_forms)
 from linvit_mm.ops.depthwise import (correlate3x3, correlate3x3_by_taps, depthwise3x3,
-                                     depthwise3x3_by_taps)
+                                     depthwise3x3_by_taps, depthwise3x3_tokens)
 from linvit_mm.testing import assert_rel_close
 
 GRIDS = [(7, 5), (1, 1), (14, 14)]
@@ -128,6 +128,21 @@ def test_position_code_gradients(device, kernel_path, hw):
     expected = x + F.conv2d(grid, weight, bias, padding=1, groups=C).flatten(2).transpose(1, 2)
     assert_rel_close(position_code(x, weight, bias, hw), expected, 1e-13)
     assert torch.autograd.gradcheck(lambda *t: position_code(*t, hw), (x, weight, bias))
+
+
+@pytest.mark.parametrize('shared', [False, True], ids=['per-image', 'shared'])
+def test_token_convolution_gradients(device, kernel_path, shared):
+    """``depthwise3x3_tokens`` against ``F.conv2d`` and finite differences: tokens that are a
+    column slice (as InLine's values are), taps per image or shared."""
+    hw, C = (4, 3), 5
+    x = token_slice(2, hw, C, torch.float64, device=device).requires_grad_()
+    taps = torch.randn(1 if shared else 2, 9, C, dtype=torch.float64, device=device,
+                       requires_grad=True)
+    grid = x.transpose(1, 2).reshape(1, 2 * C, *hw)
+    kernel = taps.expand(2, 9, C).transpose(1, 2).reshape(2 * C, 1, 3, 3)
+    expected = F.conv2d(grid, kernel, padding=1, groups=2 * C).reshape(2, C, -1).transpose(1, 2)
+    assert_rel_close(depthwise3x3_tokens(x, taps, hw), expected, 1e-13)
+    assert torch.autograd.gradcheck(lambda *t: depthwise3x3_tokens(*t, hw), (x, taps))
 
 
 def test_position_code_rejects_wrong_shapes():
