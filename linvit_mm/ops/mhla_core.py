@@ -1,9 +1,9 @@
 """MHLA's attention and value convolution as one autograd node, run by C++ CPU kernels.
 
-``mhla_attention(qk, v, mixing, conv_weight, conv_bias, heads, hw_shape, layout, floor, eps)``
-computes what :class:`~linvit_mm.models.attention.MultiHeadLinearAttention` computes between
-its ``qkv`` and ``proj`` layers under its default options (the consistent normaliser, no
-RoPE, no extra tokens): the block summaries, their mixing, the normalised read-out and the
+``mhla_attention(qk, v, mixing, conv_weight, conv_bias, heads, hw_shape, layout, floor, eps,
+official)`` computes what :class:`~linvit_mm.models.attention.MultiHeadLinearAttention`
+computes between its ``qkv`` and ``proj`` layers without RoPE or extra tokens, under either
+normaliser: the block summaries, their mixing, the normalised read-out and the
 depthwise value convolution (``ops/csrc/mhla_core.cpp`` states the formulas and their
 gradients). As PyTorch operations that is about twenty-five calls per block, and at 224 px
 their per-call costs made the operator about 1.1x slower than softmax attention on a CPU.
@@ -35,12 +35,12 @@ class _MHLAAttention(Function):
 
     @staticmethod
     def forward(ctx, qk, v, mixing, conv_weight, conv_bias, heads, hw_shape, layout, floor,
-                eps):
+                eps, official):
         H, W = hw_shape
         out, *saved = cpu_kernels().mhla_forward(qk, v, mixing, conv_weight, conv_bias, heads,
-                                                 H, W, *layout, floor, eps)
+                                                 H, W, *layout, floor, eps, official)
         ctx.save_for_backward(qk, v, mixing, *saved)
-        ctx.config = heads, H, W, *layout
+        ctx.config = heads, H, W, *layout, official
         ctx.has_bias = conv_bias is not None
         return out
 
@@ -51,18 +51,20 @@ class _MHLAAttention(Function):
         grad_qk, grad_v, grad_mixing, grad_weight, grad_bias = cpu_kernels().mhla_backward(
             grad_out, saved, qk, v, mixing, *ctx.config)
         return (grad_qk, grad_v, grad_mixing, grad_weight, grad_bias if ctx.has_bias else None,
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
-def mhla_attention(qk, v, mixing, conv_weight, conv_bias, heads, hw_shape, layout, floor, eps):
+def mhla_attention(qk, v, mixing, conv_weight, conv_bias, heads, hw_shape, layout, floor, eps,
+                   official=False):
     """MHLA between ``qkv`` and ``proj``: queries and keys ``qk`` ``(B, H*W, 2C)``, values
     ``v`` ``(B, H*W, C)``, the ``(M, M)`` block ``mixing``, the depthwise value convolution's
     ``(C, 1, K, K)`` weight and ``(C,)`` bias (or None); ``layout`` is the operator's
-    ``BlockLayout`` of ``hw_shape``. Returns ``(B, H*W, C)``. Only where
+    ``BlockLayout`` of ``hw_shape``; ``official``: the authors' normaliser (else the
+    consistent one). Returns ``(B, H*W, C)``. Only where
     :func:`kernels_apply`; without grad mode no autograd node is made."""
     if not torch.is_grad_enabled():
         H, W = hw_shape
         return cpu_kernels().mhla_forward(qk, v, mixing, conv_weight, conv_bias, heads, H, W,
-                                          *layout, floor, eps)[0]
+                                          *layout, floor, eps, official)[0]
     return _MHLAAttention.apply(qk, v, mixing, conv_weight, conv_bias, heads, tuple(hw_shape),
-                                tuple(layout), floor, eps)
+                                tuple(layout), floor, eps, official)

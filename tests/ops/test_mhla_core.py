@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from linvit_mm.models.attention import MultiHeadLinearAttention
+from linvit_mm.models.attention.mhla import OFFICIAL_IMAGENET
 from linvit_mm.models.attention.mhla.blocks import BlockLayout
 from linvit_mm.ops import set_cpu_kernels
 from linvit_mm.ops.mhla_core import mhla_attention
@@ -21,6 +22,12 @@ CASES = {
     '5x3-no-floor': ((5, 3), dict(feature_floor=0.)),
     '9x7-fixed-blocks-3x3-conv': ((9, 7), dict(num_blocks=(3, 2), block_size=(4, 4),
                                                value_kernel_size=3)),
+    # the authors' normaliser: on a divisible grid, with overhanging blocks, with their
+    # ImageNet module's switches, and on a grid smaller than the layout
+    '14x14-official': ((14, 14), dict(normaliser='official')),
+    '7x9-padded-official': ((7, 9), dict(normaliser='official')),
+    '16x16-authors-module': ((16, 16), dict(OFFICIAL_IMAGENET)),
+    '1x1-empty-blocks-official': ((1, 1), dict(normaliser='official')),
 }
 
 
@@ -77,9 +84,10 @@ def test_cpp_form_matches_the_pytorch_form_in_float64(kernels, case):
         assert_rel_close(fast[name], reference[name], 1e-9, name)
 
 
-def test_cpp_form_matches_the_pytorch_form_in_float32_at_vit_s_width(kernels):
+@pytest.mark.parametrize('normaliser', ['consistent', 'official'])
+def test_cpp_form_matches_the_pytorch_form_in_float32_at_vit_s_width(kernels, normaliser):
     """Heads of 64 channels (the vectorised loops' full width), batch 2, 224 px grid."""
-    module = make(torch.float32, embed_dims=384, num_heads=6)
+    module = make(torch.float32, embed_dims=384, num_heads=6, normaliser=normaliser)
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(2, 196, 384, generator=generator)
     upstream = torch.randn(x.shape, generator=generator)
@@ -103,15 +111,16 @@ def fused_inputs(hw, layout, heads=2, d=3, batch=2, kernel=5, seed=0):
     return qk, randn(batch, N, C), mixing, randn(C, 1, kernel, kernel), randn(C)
 
 
+@pytest.mark.parametrize('official', [False, True], ids=['consistent', 'official'])
 @pytest.mark.parametrize('hw,layout', [((4, 5), BlockLayout(2, 2, 2, 3)),
                                        ((3, 3), BlockLayout(2, 1, 2, 3))],
                          ids=['4x5-padded', '3x3-two-blocks'])
-def test_fused_step_gradcheck(kernels, hw, layout):
+def test_fused_step_gradcheck(kernels, hw, layout, official):
     """The hand-written backward against finite differences of the C++ forward, every input."""
     qk, v, mixing, weight, bias = fused_inputs(hw, layout)
 
     def attention(qk, v, mixing, weight, bias):
-        return mhla_attention(qk, v, mixing, weight, bias, 2, hw, layout, 1e-6, 1e-6)
+        return mhla_attention(qk, v, mixing, weight, bias, 2, hw, layout, 1e-6, 1e-6, official)
 
     assert torch.autograd.gradcheck(attention, (qk, v, mixing, weight, bias))
 
@@ -128,7 +137,7 @@ def test_inference_makes_no_autograd_node(kernels):
 
 @pytest.mark.parametrize('what,expected', [
     ('default', True),
-    ('official normaliser', False),
+    ('official normaliser', True),
     ('rope', False),
     ('class token', False),
     ('kernels off', False),
@@ -149,10 +158,12 @@ def test_kernel_refuses_what_it_cannot_hold(kernels):
     layout = BlockLayout(2, 2, 2, 2)
     qk, v, mixing, weight, bias = (t.detach() for t in fused_inputs((4, 4), layout))
     with pytest.raises(RuntimeError, match='mixing must be'):
-        kernels.mhla_forward(qk, v, mixing[:1], weight, bias, 2, 4, 4, *layout, 0., 1e-6)
+        kernels.mhla_forward(qk, v, mixing[:1], weight, bias, 2, 4, 4, *layout, 0., 1e-6, False)
     with pytest.raises(RuntimeError, match='do not cover the grid'):
-        kernels.mhla_forward(qk, v, mixing, weight, bias, 2, 4, 5, *layout, 0., 1e-6)
+        kernels.mhla_forward(qk, v, mixing, weight, bias, 2, 4, 5, *layout, 0., 1e-6, False)
     with pytest.raises(RuntimeError, match='dtypes differ'):
-        kernels.mhla_forward(qk, v.float(), mixing, weight, bias, 2, 4, 4, *layout, 0., 1e-6)
+        kernels.mhla_forward(qk, v.float(), mixing, weight, bias, 2, 4, 4, *layout, 0., 1e-6,
+                             False)
     with pytest.raises(RuntimeError, match='qk must be'):
-        kernels.mhla_forward(qk[:, :15], v, mixing, weight, bias, 2, 4, 4, *layout, 0., 1e-6)
+        kernels.mhla_forward(qk[:, :15], v, mixing, weight, bias, 2, 4, 4, *layout, 0., 1e-6,
+                             False)

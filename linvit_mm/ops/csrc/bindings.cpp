@@ -20,13 +20,13 @@ std::vector<at::Tensor> mhla_forward(const at::Tensor& qk, const at::Tensor& v,
                                      const c10::optional<at::Tensor>& conv_bias, int64_t heads,
                                      int64_t H, int64_t W, int64_t rows, int64_t cols,
                                      int64_t block_h, int64_t block_w, double floor,
-                                     double eps);
+                                     double eps, bool official);
 std::vector<at::Tensor> mhla_backward(const at::Tensor& grad_out,
                                       const std::vector<at::Tensor>& saved,
                                       const at::Tensor& qk, const at::Tensor& v,
                                       const at::Tensor& mixing, int64_t heads, int64_t H,
                                       int64_t W, int64_t rows, int64_t cols, int64_t block_h,
-                                      int64_t block_w);
+                                      int64_t block_w, bool official);
 std::vector<at::Tensor> hedgehog_forward(const at::Tensor& q, const at::Tensor& k,
                                          const at::Tensor& v, const at::Tensor& map_q,
                                          const at::Tensor& map_k, bool softmax_map);
@@ -58,12 +58,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("qk"), py::arg("v"), py::arg("mixing"), py::arg("conv_weight"),
         py::arg("conv_bias"), py::arg("heads"), py::arg("H"), py::arg("W"), py::arg("rows"),
         py::arg("cols"), py::arg("block_h"), py::arg("block_w"), py::arg("floor"),
-        py::arg("eps"));
+        py::arg("eps"), py::arg("official"));
   m.def("mhla_backward", &mhla_backward,
         "gradients of mhla_forward: [qk, v, mixing, conv_weight, conv_bias]",
         py::arg("grad_out"), py::arg("saved"), py::arg("qk"), py::arg("v"), py::arg("mixing"),
         py::arg("heads"), py::arg("H"), py::arg("W"), py::arg("rows"), py::arg("cols"),
-        py::arg("block_h"), py::arg("block_w"));
+        py::arg("block_h"), py::arg("block_w"), py::arg("official"));
   m.def("hedgehog_forward", &hedgehog_forward,
         "Hedgehog attention's fast form: [out, then what hedgehog_backward needs]",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("map_q"), py::arg("map_k"),

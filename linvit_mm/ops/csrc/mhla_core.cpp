@@ -1,5 +1,5 @@
-// MHLA's attention (the `mhla` operator's consistent normaliser, without RoPE or extra
-// tokens) and its value convolution, forward and backward.
+// MHLA's attention (the `mhla` operator without RoPE or extra tokens, either normaliser) and
+// its value convolution, forward and backward.
 //
 // The patch grid is cut into M = rows x cols blocks of T = block_h x block_w positions (see
 // linvit_mm/models/attention/mhla/blocks.py). Per image and head, with phi(x) = relu(x) +
@@ -9,6 +9,11 @@
 //   S_j = phi(K_j)^T [V_j | 1]            (d x (d + 1): the summary and, last, the key sums)
 //   X_i = sum_j W_ij S_j                  (the mixing)
 //   R_i = phi(Q_i) X_i,  out_i = R_i[:, :d] / (R_i[:, d] + eps)
+//
+// With the official normaliser the numerator is the same, and the normaliser of position t
+// of block i mixes the products of the queries at that position in every block with their own
+// block's key sums: D_i[t] = sum_j W_ij phi(q_{j,t}) . z_j (z_j = S_j[:, d]; a position where
+// block j overhangs the grid holds no query, its product is 0).
 //
 // and out += dwconv(V) + bias on the grid. As tensor operations this is about twenty-five
 // calls and autograd nodes per block (layout copies, features, three products, the division,
@@ -20,7 +25,10 @@
 //   dR_i = [G_i u | -u^2 rowsum(G_i * R_i[:, :d])]
 //   dphi(Q_i) = dR_i X_i^T,  dX_i = phi(Q_i)^T dR_i,  dW_ij = <dX_i, S_j>,
 //   dS_j = sum_i W_ij dX_i,  dphi(K_j) = [V_j | 1] dS_j^T,  dV_j = phi(K_j) dS_j[:, :d]
-// and relu passes a feature's gradient where its input is positive.
+// and relu passes a feature's gradient where its input is positive. Official normaliser:
+// dR_i[:, d] = 0 and dD_i = -u^2 rowsum(G_i * R_i[:, :d]); with o_j[t] = phi(q_{j,t}) . z_j,
+//   do_j = sum_i W_ij dD_i,  dW_ij += <dD_i, o_j>,  dphi(q_{j,t}) += do_j[t] z_j,
+//   dz_j = dS_j[:, d] += sum_t do_j[t] phi(q_{j,t}).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -107,7 +115,7 @@ std::vector<at::Tensor> mhla_forward(const at::Tensor& qk, const at::Tensor& v,
                                      const c10::optional<at::Tensor>& conv_bias, int64_t heads,
                                      int64_t H, int64_t W, int64_t rows, int64_t cols,
                                      int64_t block_h, int64_t block_w, double floor,
-                                     double eps) {
+                                     double eps, bool official) {
   const int64_t B = v.size(0), N = H * W, C = v.size(2), d = C / heads;
   const Layout layout{H, W, rows, cols, block_h, block_w};
   const int64_t M = layout.blocks(), P = layout.positions(), K = conv_weight.size(-1);
@@ -163,18 +171,39 @@ _Pragma("GCC ivdep")
   const auto read = at::matmul(phi_q, mixed);                               // (B, h, M, P, d+1)
   auto out = at::empty({B, N, C}, options);
   auto inverse = at::empty({B, heads, M, P, 1}, options);
+  // the official normaliser's products o_j[t], and its D
+  auto own = official ? at::empty({B, heads, M, P, 1}, options) : at::empty({0}, options);
+  auto normaliser = official ? at::empty({B, heads, M, P, 1}, options) : own;
+  const auto weights = mixing.contiguous();
   AT_DISPATCH_FLOATING_TYPES(qk.scalar_type(), "mhla_normalise", [&] {
     using T = scalar_t;
-    const Blocks<const T> r(read);
-    const Blocks<T> inv(inverse);
+    const Blocks<const T> r(read), fq(phi_q), s(state);
+    const Blocks<T> inv(inverse), o_own(official ? own : inverse),
+        denominator(official ? normaliser : inverse);
     const Tokens<T> o(out);
     const T e = T(eps);
+    const T* w = weights.data_ptr<T>();
     for_heads(B, heads, [&](int64_t b, int64_t h) {
+      if (official) {
+        std::vector<T> z(d);
+        for (int64_t j = 0; j < M; ++j) {
+          for (int64_t a = 0; a < d; ++a) z[a] = s.row(b, h, j, a)[d];
+          for (int64_t p = 0; p < P; ++p) *o_own.row(b, h, j, p) = dot_of(fq.row(b, h, j, p),
+                                                                          z.data(), d);
+        }
+        for (int64_t i = 0; i < M; ++i) {
+          for (int64_t p = 0; p < P; ++p) {
+            T sum = 0;
+            for (int64_t j = 0; j < M; ++j) sum += w[i * M + j] * *o_own.row(b, h, j, p);
+            *denominator.row(b, h, i, p) = sum;
+          }
+        }
+      }
       for (int64_t m = 0; m < M; ++m) {
         for (int64_t p = 0; p < P; ++p) {
           const int64_t n = layout.token(m, p);
           const T* row = r.row(b, h, m, p);
-          const T u = T(1) / (row[d] + e);
+          const T u = T(1) / ((official ? *denominator.row(b, h, m, p) : row[d]) + e);
           *inv.row(b, h, m, p) = u;
           if (n < 0) continue;
           T* dst = o.at(b, n) + h * d;
@@ -186,7 +215,7 @@ _Pragma("GCC ivdep")
   });
   const auto taps = conv_taps(conv_weight);
   depthwise_into(v, taps, conv_bias, false, true, H, W, K, false, out);
-  return {out, phi_q, phi_k, values, state, mixed, read, inverse, taps};
+  return {out, phi_q, phi_k, values, state, mixed, read, inverse, taps, own};
 }
 
 // Returns {grad_qk (B, H*W, 2C), grad_v (B, H*W, C), grad_mixing (M, M), grad_conv_weight
@@ -196,10 +225,11 @@ std::vector<at::Tensor> mhla_backward(const at::Tensor& grad_out,
                                       const at::Tensor& qk, const at::Tensor& v,
                                       const at::Tensor& mixing, int64_t heads, int64_t H,
                                       int64_t W, int64_t rows, int64_t cols, int64_t block_h,
-                                      int64_t block_w) {
-  TORCH_CHECK(saved.size() == 8, "saved must be what mhla_forward returned after out");
+                                      int64_t block_w, bool official) {
+  TORCH_CHECK(saved.size() == 9, "saved must be what mhla_forward returned after out");
   const auto &phi_q = saved[0], &phi_k = saved[1], &values = saved[2], &state = saved[3],
-             &mixed = saved[4], &read = saved[5], &inverse = saved[6], &taps = saved[7];
+             &mixed = saved[4], &read = saved[5], &inverse = saved[6], &taps = saved[7],
+             &own = saved[8];
   const int64_t B = v.size(0), N = H * W, C = v.size(2), d = C / heads;
   const Layout layout{H, W, rows, cols, block_h, block_w};
   const int64_t M = layout.blocks(), P = layout.positions();
@@ -209,10 +239,12 @@ std::vector<at::Tensor> mhla_backward(const at::Tensor& grad_out,
   TORCH_CHECK(kernel * kernel == taps.size(1), "taps must hold K*K rows");
   const auto options = qk.options();
   auto grad_read = at::empty({B, heads, M, P, d + 1}, options);
+  // official: dD, zero where a block overhangs the grid
+  auto grad_normaliser = official ? at::zeros({B, heads, M, P, 1}, options) : inverse;
   AT_DISPATCH_FLOATING_TYPES(qk.scalar_type(), "mhla_normalise_backward", [&] {
     using T = scalar_t;
     const Blocks<const T> r(read), inv(inverse);
-    const Blocks<T> dr(grad_read);
+    const Blocks<T> dr(grad_read), dd(grad_normaliser);
     const Tokens<const T> g(grad_out);
     for_heads(B, heads, [&](int64_t b, int64_t h) {
       for (int64_t m = 0; m < M; ++m) {
@@ -226,18 +258,63 @@ std::vector<at::Tensor> mhla_backward(const at::Tensor& grad_out,
           const T *src = g.at(b, n) + h * d, *row = r.row(b, h, m, p);
           const T u = *inv.row(b, h, m, p);
           for (int64_t c = 0; c < d; ++c) dst[c] = src[c] * u;
-          dst[d] = -dot_of(src, row, d) * u * u;
+          const T grad_denominator = -dot_of(src, row, d) * u * u;
+          if (official) {
+            dst[d] = T(0);
+            *dd.row(b, h, m, p) = grad_denominator;
+          } else {
+            dst[d] = grad_denominator;
+          }
         }
       }
     });
   });
-  const auto grad_phi_q = at::matmul(grad_read, mixed.transpose(-2, -1));  // (B, h, M, P, d)
+  auto grad_phi_q = at::matmul(grad_read, mixed.transpose(-2, -1));        // (B, h, M, P, d)
   const auto grad_mixed = at::matmul(phi_q.transpose(-2, -1), grad_read)   // (B, h, M, D)
                               .view({B, heads, M, d * (d + 1)});
   const auto state_flat = state.view({B, heads, M, d * (d + 1)});
   auto grad_mixing = at::matmul(grad_mixed, state_flat.transpose(-2, -1)).sum({0, 1});
-  const auto grad_state = at::matmul(mixing.t().expand({B, heads, M, M}), grad_mixed)
-                              .view({B, heads, M, d, d + 1});
+  auto grad_state = at::matmul(mixing.t().expand({B, heads, M, M}), grad_mixed)
+                        .view({B, heads, M, d, d + 1});
+  if (official) {
+    // the normaliser's path: do = W^T dD, into phi(q), the key sums and the mixing
+    auto grad_mixing_own = at::empty({B, heads, M, M}, options);
+    const auto weights = mixing.contiguous();
+    AT_DISPATCH_FLOATING_TYPES(qk.scalar_type(), "mhla_official_backward", [&] {
+      using T = scalar_t;
+      const Blocks<const T> fq(phi_q), s(state), o_own(own), dd(grad_normaliser);
+      const Blocks<T> dq(grad_phi_q), ds(grad_state);
+      const T* w = weights.data_ptr<T>();
+      T* dw = grad_mixing_own.data_ptr<T>();
+      for_heads(B, heads, [&](int64_t b, int64_t h) {
+        std::vector<T> z(d), grad_z(d);
+        T* dw_head = dw + (b * heads + h) * M * M;
+        for (int64_t i = 0; i < M; ++i) {
+          for (int64_t j = 0; j < M; ++j) {
+            T sum = 0;
+            for (int64_t p = 0; p < P; ++p) sum += *dd.row(b, h, i, p) * *o_own.row(b, h, j, p);
+            dw_head[i * M + j] = sum;
+          }
+        }
+        for (int64_t j = 0; j < M; ++j) {
+          for (int64_t a = 0; a < d; ++a) z[a] = s.row(b, h, j, a)[d];
+          std::fill(grad_z.begin(), grad_z.end(), T(0));
+          for (int64_t p = 0; p < P; ++p) {
+            T grad_own = 0;
+            for (int64_t i = 0; i < M; ++i) grad_own += w[i * M + j] * *dd.row(b, h, i, p);
+            T* grad_q = dq.row(b, h, j, p);
+            const T* q = fq.row(b, h, j, p);
+            for (int64_t a = 0; a < d; ++a) {
+              grad_q[a] += grad_own * z[a];
+              grad_z[a] += grad_own * q[a];
+            }
+          }
+          for (int64_t a = 0; a < d; ++a) ds.row(b, h, j, a)[d] += grad_z[a];
+        }
+      });
+    });
+    grad_mixing += grad_mixing_own.sum({0, 1});
+  }
   const auto grad_phi_k = at::matmul(values, grad_state.transpose(-2, -1));  // (B, h, M, P, d)
   const auto grad_values = at::matmul(phi_k, grad_state.narrow(-1, 0, d));  // (B, h, M, P, d)
   auto grad_qk = at::empty({B, N, 2 * C}, options);

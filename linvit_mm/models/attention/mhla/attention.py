@@ -48,8 +48,8 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
     dtype before the value convolution is added. Queries and keys are not scaled:
     the normaliser cancels any positive query scale.
 
-    On the CPU, in eager fp32 / fp64 code under the default options (the consistent
-    normaliser, no RoPE, no extra tokens), everything between ``qkv`` and ``proj`` runs as one
+    On the CPU, in eager fp32 / fp64 code without RoPE or extra tokens (either normaliser),
+    everything between ``qkv`` and ``proj`` runs as one
     autograd node of C++ kernels (:mod:`linvit_mm.ops.mhla_core`), the same computation as the
     PyTorch form below, which serves every other case and traced code.
 
@@ -280,10 +280,10 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
         return out.to(out_dtype), out_extra.to(out_dtype) if num_extra else None
 
     def _kernels_apply(self, qk, values, num_extra):
-        """Whether the C++ form runs: it covers the default options (the consistent
-        normaliser, no RoPE) on a grid without extra tokens, in eager CPU code."""
+        """Whether the C++ form runs: without RoPE, on a grid without extra tokens (either
+        normaliser), in eager CPU code."""
         conv = self.value_conv
-        return (self.normaliser == 'consistent' and self.rope is None and not num_extra
+        return (self.rope is None and not num_extra
                 and kernels_apply(qk, values, self.block_mixing, conv.weight,
                                   *([] if conv.bias is None else [conv.bias])))
 
@@ -301,7 +301,8 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
         if self._kernels_apply(qk, values, num_extra):
             # the same computation as below, fused (linvit_mm.ops.mhla_core)
             out = mhla_attention(qk, values, self.block_mixing, conv.weight, conv.bias,
-                                 self.num_heads, hw_shape, layout, self.feature_floor, self.eps)
+                                 self.num_heads, hw_shape, layout, self.feature_floor, self.eps,
+                                 self.normaliser == 'official')
             return self.project(out)
         out, out_extra = self._mixed_linear(qk, values, hw_shape, layout, num_extra)
         out = out + self._local_values(values[:, num_extra:], hw_shape)
