@@ -1,8 +1,9 @@
 """linvit_mm's C++ CPU kernels, compiled on first use with ``torch.utils.cpp_extension``.
 
 ViT^3's inner step is a dozen small tensor operations per block, MHLA's attention about
-twenty-five; at 196 tokens their set-up costs (oneDNN primitives for tiny depthwise convolutions, one memory pass per elementwise
-operation, one autograd node each) outweigh the arithmetic. ``csrc/`` fuses them. The build
+twenty-five; at 196 tokens their set-up costs (oneDNN primitives for tiny depthwise
+convolutions, one memory pass per elementwise operation, one autograd node each) outweigh
+the arithmetic. ``csrc/`` fuses them. The build
 needs a C++ compiler and ninja (both part of the environment ``tools/setup_env.sh`` makes),
 takes about half a minute once, and is cached by torch per user
 (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``). torch keys that cache by
@@ -136,8 +137,9 @@ class _Restore(contextlib.AbstractContextManager):
 
 def use_cpu_kernels(*tensors):
     """Whether the kernels apply: switched on, CPU tensors of fp32 / fp64, innermost stride 1."""
-    return _enabled and (all(t.device.type == 'cpu' and t.dtype in KERNEL_DTYPES and t.stride(-1) == 1
-                for t in tensors) and cpu_kernels() is not None)
+    return _enabled and (all(t.device.type == 'cpu' and t.dtype in KERNEL_DTYPES
+                             and t.stride(-1) == 1 for t in tensors)
+                         and cpu_kernels() is not None)
 
 
 def register_torch_form(operator, form):

@@ -25,8 +25,8 @@ from .extension import cpu_kernels, use_cpu_kernels
 
 def kernels_apply(*tensors):
     """Whether a fused operator form (:func:`mhla_attention`, ``hedgehog_attention``) can run
-    on ``tensors`` (the operator's inputs and parameters): eager code, the C++ kernels switched on and built, CPU tensors of one fp32 /
-    fp64 dtype with a channel stride of 1."""
+    on ``tensors`` (the operator's inputs and parameters): eager code, the C++ kernels
+    switched on and built, CPU tensors of one fp32 / fp64 dtype with a channel stride of 1."""
     return (not is_tracing() and len({t.dtype for t in tensors}) == 1
             and use_cpu_kernels(*tensors))
 

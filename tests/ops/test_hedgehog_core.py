@@ -29,39 +29,20 @@ def make(dtype, embed_dims=24, num_heads=3, seed=0, **kwargs):
     return module
 
 
-def run(module, x, hw, upstream, kernels):
-    module.zero_grad(set_to_none=True)
-    x = x.detach().requires_grad_()
-    with set_cpu_kernels(kernels):
-        out = module(x, hw)
-        out.backward(upstream)
-    grads = {name: p.grad for name, p in module.named_parameters()}
-    return {'out': out.detach(), 'x': x.grad, **grads}, out.grad_fn
-
-
-def graph_names(grad_fn):
-    names, stack, seen = set(), [grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.add(type(node).__name__)
-        stack.extend(next_fn for next_fn, _ in node.next_functions)
-    return names
 
 
 @pytest.mark.parametrize('scale', [1., 30.], ids=['unit', 'scale-30'])
 @pytest.mark.parametrize('option', OPTIONS)
-def test_cpp_form_matches_the_pytorch_form_in_float64(kernels, option, scale):
+def test_cpp_form_matches_the_pytorch_form_in_float64(kernels, option, scale,
+                                                      outputs_and_gradients, graph_names):
     """At scale 30 the features' exponentials would overflow unshifted: both forms shift."""
     module = make(torch.float64, **OPTIONS[option])
     generator = torch.Generator().manual_seed(1)
     hw = (4, 5)
     x = scale * torch.randn(2, 1 + 20, 24, generator=generator, dtype=torch.float64)
     upstream = torch.randn(x.shape, generator=generator, dtype=torch.float64)
-    fast, fast_graph = run(module, x, hw, upstream, kernels=True)
-    reference, reference_graph = run(module, x, hw, upstream, kernels=False)
+    fast, fast_graph = outputs_and_gradients(module, x, hw, upstream, kernels=True)
+    reference, reference_graph = outputs_and_gradients(module, x, hw, upstream, kernels=False)
     assert '_HedgehogAttentionBackward' in graph_names(fast_graph)
     assert '_HedgehogAttentionBackward' not in graph_names(reference_graph)
     assert fast.keys() == reference.keys()
@@ -70,15 +51,16 @@ def test_cpp_form_matches_the_pytorch_form_in_float64(kernels, option, scale):
         assert_rel_close(fast[name], reference[name], 1e-10, name)
 
 
-def test_cpp_form_matches_the_pytorch_form_in_float32_at_vit_s_width(kernels):
+def test_cpp_form_matches_the_pytorch_form_in_float32_at_vit_s_width(kernels,
+                                                                    outputs_and_gradients):
     """Heads of 64 channels (the vectorised reductions' full width), batch 2, 197 tokens;
     float32 exponentials of the C++ loops are within about one ulp of PyTorch's."""
     module = make(torch.float32, embed_dims=384, num_heads=6, tie_qk=False)
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(2, 197, 384, generator=generator)
     upstream = torch.randn(x.shape, generator=generator)
-    fast, _ = run(module, x, (14, 14), upstream, kernels=True)
-    reference, _ = run(module, x, (14, 14), upstream, kernels=False)
+    fast, _ = outputs_and_gradients(module, x, (14, 14), upstream, kernels=True)
+    reference, _ = outputs_and_gradients(module, x, (14, 14), upstream, kernels=False)
     for name in fast:
         assert_rel_close(fast[name], reference[name], 1e-4, name)
 
@@ -104,7 +86,7 @@ def test_fused_step_gradcheck(kernels, softmax_map):
     assert torch.autograd.gradcheck(attention, inputs)
 
 
-def test_inference_makes_no_autograd_node(kernels):
+def test_inference_makes_no_autograd_node(kernels, graph_names):
     module = make(torch.float64)
     x = torch.randn(1, 17, 24, dtype=torch.float64)
     with torch.no_grad():
@@ -116,7 +98,7 @@ def test_inference_makes_no_autograd_node(kernels):
 
 @pytest.mark.parametrize('what,expected', [('default', True), ('kernels off', False),
                                            ('bf16 autocast', False)])
-def test_the_fused_form_runs_exactly_where_it_applies(kernels, what, expected):
+def test_the_fused_form_runs_exactly_where_it_applies(kernels, what, expected, graph_names):
     module = make(torch.float32)
     x = torch.randn(1, 17, 24)
     with set_cpu_kernels(what != 'kernels off'), torch.autocast(

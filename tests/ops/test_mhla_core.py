@@ -42,39 +42,18 @@ def make(dtype, embed_dims=24, num_heads=3, seed=0, **kwargs):
     return module
 
 
-def run(module, x, hw, upstream, kernels):
-    """Output and the gradients of the input and of every parameter, by name."""
-    module.zero_grad(set_to_none=True)
-    x = x.detach().requires_grad_()
-    with set_cpu_kernels(kernels):
-        out = module(x, hw)
-        out.backward(upstream)
-    grads = {name: p.grad for name, p in module.named_parameters()}
-    return {'out': out.detach(), 'x': x.grad, **grads}, out.grad_fn
-
-
-def graph_names(grad_fn):
-    """The names of every node in an autograd graph."""
-    names, stack, seen = set(), [grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.add(type(node).__name__)
-        stack.extend(next_fn for next_fn, _ in node.next_functions)
-    return names
 
 
 @pytest.mark.parametrize('case', CASES)
-def test_cpp_form_matches_the_pytorch_form_in_float64(kernels, case):
+def test_cpp_form_matches_the_pytorch_form_in_float64(kernels, case, outputs_and_gradients,
+                                                      graph_names):
     hw, kwargs = CASES[case]
     module = make(torch.float64, **kwargs)
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(2, hw[0] * hw[1], 24, generator=generator, dtype=torch.float64)
     upstream = torch.randn(x.shape, generator=generator, dtype=torch.float64)
-    fast, fast_graph = run(module, x, hw, upstream, kernels=True)
-    reference, reference_graph = run(module, x, hw, upstream, kernels=False)
+    fast, fast_graph = outputs_and_gradients(module, x, hw, upstream, kernels=True)
+    reference, reference_graph = outputs_and_gradients(module, x, hw, upstream, kernels=False)
     assert '_MHLAAttentionBackward' in graph_names(fast_graph)
     assert '_MHLAAttentionBackward' not in graph_names(reference_graph)
     assert fast.keys() == reference.keys()
@@ -85,14 +64,15 @@ def test_cpp_form_matches_the_pytorch_form_in_float64(kernels, case):
 
 
 @pytest.mark.parametrize('normaliser', ['consistent', 'official'])
-def test_cpp_form_matches_the_pytorch_form_in_float32_at_vit_s_width(kernels, normaliser):
+def test_cpp_form_matches_the_pytorch_form_in_float32_at_vit_s_width(kernels, normaliser,
+                                                                    outputs_and_gradients):
     """Heads of 64 channels (the vectorised loops' full width), batch 2, 224 px grid."""
     module = make(torch.float32, embed_dims=384, num_heads=6, normaliser=normaliser)
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(2, 196, 384, generator=generator)
     upstream = torch.randn(x.shape, generator=generator)
-    fast, _ = run(module, x, (14, 14), upstream, kernels=True)
-    reference, _ = run(module, x, (14, 14), upstream, kernels=False)
+    fast, _ = outputs_and_gradients(module, x, (14, 14), upstream, kernels=True)
+    reference, _ = outputs_and_gradients(module, x, (14, 14), upstream, kernels=False)
     for name in fast:
         assert_rel_close(fast[name], reference[name], 1e-4, name)
 
@@ -125,7 +105,7 @@ def test_fused_step_gradcheck(kernels, hw, layout, official):
     assert torch.autograd.gradcheck(attention, (qk, v, mixing, weight, bias))
 
 
-def test_inference_makes_no_autograd_node(kernels):
+def test_inference_makes_no_autograd_node(kernels, graph_names):
     module = make(torch.float64)
     x = torch.randn(1, 49, 24, dtype=torch.float64)
     with torch.no_grad():
@@ -143,7 +123,7 @@ def test_inference_makes_no_autograd_node(kernels):
     ('kernels off', False),
     ('bf16 autocast', False),
 ])
-def test_the_fused_form_runs_exactly_where_it_applies(kernels, what, expected):
+def test_the_fused_form_runs_exactly_where_it_applies(kernels, what, expected, graph_names):
     kwargs = {'official normaliser': dict(normaliser='official'),
               'rope': dict(rope=dict(type='dinov3'))}.get(what, {})
     module = make(torch.float32, **kwargs)

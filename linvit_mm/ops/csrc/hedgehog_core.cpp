@@ -28,27 +28,11 @@
 #include <limits>
 #include <vector>
 
+#include "heads.h"
 #include "vector_math.h"
 
 namespace linvit_mm {
 namespace {
-
-template <typename F>
-void for_heads(int64_t B, int64_t heads, const F& body) {
-  at::parallel_for(0, B * heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) body(i / heads, i % heads);
-  });
-}
-
-// Row i of head h of image b of a (B, heads, n, width) tensor whose last stride is 1.
-template <typename T>
-struct Heads {
-  T* data;
-  int64_t sb, sh, si;
-  explicit Heads(const at::Tensor& t)
-      : data(static_cast<T*>(t.data_ptr())), sb(t.stride(0)), sh(t.stride(1)), si(t.stride(2)) {}
-  T* row(int64_t b, int64_t h, int64_t i) const { return data + b * sb + h * sh + i * si; }
-};
 
 // out <- L(x) = [x, -x], or each half's log-softmax: [x - lse(x), -x - lse(-x)]; x holds
 // n values, out 2n, scratch n.

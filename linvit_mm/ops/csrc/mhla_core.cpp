@@ -35,6 +35,7 @@
 #include <cstring>
 #include <vector>
 
+#include "heads.h"
 #include "vector_math.h"
 
 namespace linvit_mm {
@@ -58,13 +59,6 @@ struct Layout {
     return y < H && x < W ? y * W + x : -1;
   }
 };
-
-template <typename F>
-void for_heads(int64_t B, int64_t heads, const F& body) {
-  at::parallel_for(0, B * heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) body(i / heads, i % heads);
-  });
-}
 
 // A (B, N, channels) token tensor with channel stride 1.
 template <typename T>

@@ -29,6 +29,7 @@
 #include <limits>
 #include <vector>
 
+#include "heads.h"
 #include "vector_math.h"
 
 namespace linvit_mm {
@@ -39,23 +40,6 @@ void depthwise3x3_into(const at::Tensor& input, const at::Tensor& weight,
 at::Tensor correlate3x3(const at::Tensor& a, const at::Tensor& g, int64_t H, int64_t W);
 
 namespace {
-
-// Row i of head h of image b of a (B, heads, n, width) tensor whose last stride is 1.
-template <typename T>
-struct Heads {
-  T* data;
-  int64_t sb, sh, si;
-  explicit Heads(const at::Tensor& t)
-      : data(static_cast<T*>(t.data_ptr())), sb(t.stride(0)), sh(t.stride(1)), si(t.stride(2)) {}
-  T* row(int64_t b, int64_t h, int64_t i) const { return data + b * sb + h * sh + i * si; }
-};
-
-template <typename F>
-void for_heads(int64_t B, int64_t heads, const F& body) {
-  at::parallel_for(0, B * heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) body(i / heads, i % heads);
-  });
-}
 
 // sigmoid inside the fused loops, on the vectorisable exp of vector_math.h for float
 template <typename T>
