@@ -3,9 +3,9 @@
 ViT^3's inner step is a dozen small tensor operations per block, MHLA's attention about
 twenty-five; at 196 tokens their set-up costs (oneDNN primitives for tiny depthwise
 convolutions, one memory pass per elementwise operation, one autograd node each) outweigh
-the arithmetic. ``csrc/`` fuses them. The build
-needs a C++ compiler and ninja (both part of the environment ``tools/setup_env.sh`` makes),
-takes about half a minute once, and is cached by torch per user
+the arithmetic. ``csrc/`` fuses them. The build needs a C++ compiler and ninja (both part of
+the environment ``tools/setup_env.sh`` makes), takes about half a minute once, and is cached
+by torch per user
 (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``). torch keys that cache by
 the extension's name only, so the name carries a digest of the sources
 (:func:`extension_name`): two checkouts with different kernels build and load their own,
@@ -32,6 +32,8 @@ import os.path as osp
 import warnings
 
 import torch
+
+from ..utils.tracing import is_tracing
 
 # The real path: torch's build file names the sources, and a process that imported the
 # package through a link (site-packages/linvit_mm, see tools/setup_env.py) would
@@ -140,6 +142,15 @@ def use_cpu_kernels(*tensors):
     return _enabled and (all(t.device.type == 'cpu' and t.dtype in KERNEL_DTYPES
                              and t.stride(-1) == 1 for t in tensors)
                          and cpu_kernels() is not None)
+
+
+def kernels_apply(*tensors):
+    """Whether an operator's fused C++ form (``mhla_core``, ``hedgehog_core``) can run on
+    ``tensors`` (the operator's inputs and parameters): eager code, the kernels switched on and
+    built, CPU tensors of one fp32 / fp64 dtype with a channel stride of 1. Traced code takes
+    the operators' PyTorch forms, which export as plain PyTorch operations."""
+    return (not is_tracing() and len({t.dtype for t in tensors}) == 1
+            and use_cpu_kernels(*tensors))
 
 
 def register_torch_form(operator, form):

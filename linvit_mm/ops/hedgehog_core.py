@@ -17,9 +17,6 @@ from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
 from .extension import cpu_kernels
-from .mhla_core import kernels_apply
-
-__all__ = ['hedgehog_attention', 'kernels_apply']
 
 
 class _HedgehogAttention(Function):
@@ -45,7 +42,7 @@ def hedgehog_attention(q, k, v, map_q, map_k, softmax_map):
     the queries' and keys' ``(heads, d, d)`` maps ``W`` (one tensor twice for tied maps);
     ``softmax_map``: each half of the log-features is a log-softmax (the ``'softmax'`` map,
     else ``'exp'``). Only
-    where :func:`kernels_apply`; without grad mode no autograd node is made."""
+    where :func:`~linvit_mm.ops.extension.kernels_apply`; without grad mode no autograd node is made."""
     if not torch.is_grad_enabled():
         return cpu_kernels().hedgehog_forward(q, k, v, map_q, map_k, softmax_map)[0]
     return _HedgehogAttention.apply(q, k, v, map_q, map_k, softmax_map)

@@ -19,16 +19,7 @@ import torch
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
-from ..utils.tracing import is_tracing
-from .extension import cpu_kernels, use_cpu_kernels
-
-
-def kernels_apply(*tensors):
-    """Whether a fused operator form (:func:`mhla_attention`, ``hedgehog_attention``) can run
-    on ``tensors`` (the operator's inputs and parameters): eager code, the C++ kernels
-    switched on and built, CPU tensors of one fp32 / fp64 dtype with a channel stride of 1."""
-    return (not is_tracing() and len({t.dtype for t in tensors}) == 1
-            and use_cpu_kernels(*tensors))
+from .extension import cpu_kernels
 
 
 class _MHLAAttention(Function):
@@ -61,7 +52,7 @@ def mhla_attention(qk, v, mixing, conv_weight, conv_bias, heads, hw_shape, layou
     ``(C, 1, K, K)`` weight and ``(C,)`` bias (or None); ``layout`` is the operator's
     ``BlockLayout`` of ``hw_shape``; ``official``: the authors' normaliser (else the
     consistent one). Returns ``(B, H*W, C)``. Only where
-    :func:`kernels_apply`; without grad mode no autograd node is made."""
+    :func:`~linvit_mm.ops.extension.kernels_apply`; without grad mode no autograd node is made."""
     if not torch.is_grad_enabled():
         H, W = hw_shape
         return cpu_kernels().mhla_forward(qk, v, mixing, conv_weight, conv_bias, heads, H, W,

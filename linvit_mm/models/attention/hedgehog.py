@@ -23,7 +23,8 @@ read here, the O(N^2) oracle of the tests.
 import torch
 from torch import nn
 
-from ...ops.hedgehog_core import hedgehog_attention, kernels_apply
+from ...ops.extension import kernels_apply
+from ...ops.hedgehog_core import hedgehog_attention
 from .base import WHOLE, float32_state, register_attention
 from .map_attention import LinearMapAttention
 

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ....ops import depthwise_conv2d
-from ....ops.mhla_core import kernels_apply, mhla_attention
+from ....ops.extension import kernels_apply
+from ....ops.mhla_core import mhla_attention
 from ..base import BaseAttention, float32_state, register_attention
 from .blocks import (BlockLayout, _pair, blocks_to_tokens, distance_mixing_matrix, padding_mask,
                      to_blocks)
@@ -49,9 +50,9 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
     the normaliser cancels any positive query scale.
 
     On the CPU, in eager fp32 / fp64 code without RoPE or extra tokens (either normaliser),
-    everything between ``qkv`` and ``proj`` runs as one
-    autograd node of C++ kernels (:mod:`linvit_mm.ops.mhla_core`), the same computation as the
-    PyTorch form below, which serves every other case and traced code.
+    everything between ``qkv`` and ``proj`` runs as one autograd node of C++ kernels
+    (:mod:`linvit_mm.ops.mhla_core`), the same computation as the PyTorch form below, which
+    serves every other case and traced code.
 
     RoPE, as for the kernel operators (RoFormer Sec. 3.4.3): the features of the patch
     tokens are rotated in the numerator only, so a block's summary is
