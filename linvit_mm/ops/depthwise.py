@@ -43,7 +43,7 @@ from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
 from ..utils.tracing import is_tracing
-from .extension import cpu_kernels, register_torch_form, use_cpu_kernels
+from .extension import cpu_kernels, kernels_apply, register_torch_form, use_cpu_kernels
 
 
 def kernel_taps(weight):
@@ -242,7 +242,7 @@ def depthwise3x3_tokens(tokens, taps, hw_shape):
     elsewhere."""
     if is_tracing():
         return depthwise3x3(tokens, taps, None, False, *hw_shape, False)
-    if use_cpu_kernels(tokens, taps) and tokens.dtype == taps.dtype:
+    if kernels_apply(tokens, taps):
         return _ConvTokens.apply(tokens, taps, *hw_shape)
     return depthwise3x3_reference(tokens, taps, hw_shape)
 
@@ -289,7 +289,7 @@ def position_code(tokens, weight, bias, hw_shape):
                          f'{tuple(weight.shape)} and {tuple(bias.shape)}')
     if is_tracing():
         return depthwise3x3(tokens, kernel_taps(weight), bias, True, H, W, False)
-    if use_cpu_kernels(tokens, weight, bias) and tokens.dtype == weight.dtype == bias.dtype:
+    if kernels_apply(tokens, weight, bias):
         if torch.is_grad_enabled():
             return _PositionCode.apply(tokens, weight, bias, H, W)
         # inference: the kernel alone, no autograd node

@@ -106,10 +106,10 @@ def cpu_kernels():
         try:
             _extension = build()
         except Exception as err:  # no compiler or ninja, a read-only cache, ...
-            warnings.warn(f'linvit_mm: the C++ CPU kernels could not be built, so the ttt '
-                          f'and mhla operators run on PyTorch operations (same results, '
-                          f'slower on CPU). Set LINVIT_MM_CPU_KERNELS=0 to skip the attempt. '
-                          f'Cause: {err}')
+            warnings.warn(f'linvit_mm: the C++ CPU kernels could not be built, so the ttt, '
+                          f'mhla and hedgehog operators and InLine\'s residual branch run on '
+                          f'PyTorch operations (same results, slower on CPU). Set '
+                          f'LINVIT_MM_CPU_KERNELS=0 to skip the attempt. Cause: {err}')
     return _extension
 
 

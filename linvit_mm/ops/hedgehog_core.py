@@ -41,8 +41,8 @@ def hedgehog_attention(q, k, v, map_q, map_k, softmax_map):
     """The output heads ``(B, heads, N, d)`` of Hedgehog attention on ``q, k, v`` heads with
     the queries' and keys' ``(heads, d, d)`` maps ``W`` (one tensor twice for tied maps);
     ``softmax_map``: each half of the log-features is a log-softmax (the ``'softmax'`` map,
-    else ``'exp'``). Only
-    where :func:`~linvit_mm.ops.extension.kernels_apply`; without grad mode no autograd node is made."""
+    else ``'exp'``). Only where :func:`~linvit_mm.ops.extension.kernels_apply`; without grad
+    mode no autograd node is made."""
     if not torch.is_grad_enabled():
         return cpu_kernels().hedgehog_forward(q, k, v, map_q, map_k, softmax_map)[0]
     return _HedgehogAttention.apply(q, k, v, map_q, map_k, softmax_map)

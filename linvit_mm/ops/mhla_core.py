@@ -9,8 +9,8 @@ gradients). As PyTorch operations that is about twenty-five calls per block, and
 their per-call costs made the operator about 1.1x slower than softmax attention on a CPU.
 
 The operator's own PyTorch form (``MultiHeadLinearAttention._mixed_linear`` and the value
-convolution) is the one implementation everywhere else: on a GPU, in fp16 / bf16, with RoPE,
-extra tokens or the official normaliser, while tracing (``torch.export``, ``torch.compile``
+convolution) is the one implementation everywhere else: on a GPU, in fp16 / bf16, with RoPE
+or extra tokens, while tracing (``torch.export``, ``torch.compile``
 and ONNX see plain PyTorch operations), where the kernels did not build, and under
 ``set_cpu_kernels(False)``. The tests hold the two against each other, outputs and every
 gradient.
@@ -52,7 +52,8 @@ def mhla_attention(qk, v, mixing, conv_weight, conv_bias, heads, hw_shape, layou
     ``(C, 1, K, K)`` weight and ``(C,)`` bias (or None); ``layout`` is the operator's
     ``BlockLayout`` of ``hw_shape``; ``official``: the authors' normaliser (else the
     consistent one). Returns ``(B, H*W, C)``. Only where
-    :func:`~linvit_mm.ops.extension.kernels_apply`; without grad mode no autograd node is made."""
+    :func:`~linvit_mm.ops.extension.kernels_apply`; without grad mode no autograd node is
+    made."""
     if not torch.is_grad_enabled():
         H, W = hw_shape
         return cpu_kernels().mhla_forward(qk, v, mixing, conv_weight, conv_bias, heads, H, W,

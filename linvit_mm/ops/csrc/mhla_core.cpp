@@ -10,16 +10,17 @@
 //   X_i = sum_j W_ij S_j                  (the mixing)
 //   R_i = phi(Q_i) X_i,  out_i = R_i[:, :d] / (R_i[:, d] + eps)
 //
-// With the official normaliser the numerator is the same, and the normaliser of position t
-// of block i mixes the products of the queries at that position in every block with their own
-// block's key sums: D_i[t] = sum_j W_ij phi(q_{j,t}) . z_j (z_j = S_j[:, d]; a position where
-// block j overhangs the grid holds no query, its product is 0).
+// and out += dwconv(V) + bias on the grid. With the official normaliser the numerator is the
+// same, and the normaliser of position t of block i mixes the products of the queries at
+// that position in every block with their own block's key sums: D_i[t] = sum_j W_ij
+// phi(q_{j,t}) . z_j (z_j = S_j[:, d]; a position where block j overhangs the grid holds no
+// query, its product is 0).
 //
-// and out += dwconv(V) + bias on the grid. As tensor operations this is about twenty-five
-// calls and autograd nodes per block (layout copies, features, three products, the division,
-// the convolution with its permutes), which at 196 tokens cost twice softmax's fused attention.
-// Here the layout moves, features, normalisation and the convolution are fused loops on raw
-// pointers and the products are batched BLAS calls; Python sees one call each way.
+// As tensor operations this is about twenty-five calls and autograd nodes per block (layout
+// copies, features, three products, the division, the convolution with its permutes), which
+// at 196 tokens cost twice softmax's fused attention. Here the layout moves, features,
+// normalisation and the convolution are fused loops on raw pointers and the products are
+// batched BLAS calls; Python sees one call each way.
 //
 // Backward, with G_i the gradient of out_i and u = 1 / (R_i[:, d] + eps) per query:
 //   dR_i = [G_i u | -u^2 rowsum(G_i * R_i[:, :d])]
@@ -164,16 +165,15 @@ _Pragma("GCC ivdep")
                          .view({B, heads, M, d, d + 1});
   const auto read = at::matmul(phi_q, mixed);                               // (B, h, M, P, d+1)
   auto out = at::empty({B, N, C}, options);
+  // 1 / (normaliser + eps) per query; the official normaliser D is written here first
   auto inverse = at::empty({B, heads, M, P, 1}, options);
-  // the official normaliser's products o_j[t], and its D
+  // the official normaliser's products o_j[t], which its backward needs too
   auto own = official ? at::empty({B, heads, M, P, 1}, options) : at::empty({0}, options);
-  auto normaliser = official ? at::empty({B, heads, M, P, 1}, options) : own;
   const auto weights = mixing.contiguous();
   AT_DISPATCH_FLOATING_TYPES(qk.scalar_type(), "mhla_normalise", [&] {
     using T = scalar_t;
     const Blocks<const T> r(read), fq(phi_q), s(state);
-    const Blocks<T> inv(inverse), o_own(official ? own : inverse),
-        denominator(official ? normaliser : inverse);
+    const Blocks<T> inv(inverse), o_own(official ? own : inverse);
     const Tokens<T> o(out);
     const T e = T(eps);
     const T* w = weights.data_ptr<T>();
@@ -189,7 +189,7 @@ _Pragma("GCC ivdep")
           for (int64_t p = 0; p < P; ++p) {
             T sum = 0;
             for (int64_t j = 0; j < M; ++j) sum += w[i * M + j] * *o_own.row(b, h, j, p);
-            *denominator.row(b, h, i, p) = sum;
+            *inv.row(b, h, i, p) = sum;
           }
         }
       }
@@ -197,7 +197,7 @@ _Pragma("GCC ivdep")
         for (int64_t p = 0; p < P; ++p) {
           const int64_t n = layout.token(m, p);
           const T* row = r.row(b, h, m, p);
-          const T u = T(1) / ((official ? *denominator.row(b, h, m, p) : row[d]) + e);
+          const T u = T(1) / ((official ? *inv.row(b, h, m, p) : row[d]) + e);
           *inv.row(b, h, m, p) = u;
           if (n < 0) continue;
           T* dst = o.at(b, n) + h * d;
