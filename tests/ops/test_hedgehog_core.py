@@ -107,6 +107,16 @@ def test_the_fused_form_runs_exactly_where_it_applies(kernels, what, expected, g
     assert ('_HedgehogAttentionBackward' in graph_names(out.grad_fn)) is expected
 
 
+def test_heads_of_another_dtype_than_the_maps_take_the_pytorch_form(kernels, graph_names):
+    """float64 heads with float32 maps: the PyTorch form casts the maps, the kernels would
+    refuse the mix, so it is not given to them."""
+    module = make(torch.float32)
+    q, k, v = torch.randn(3, 1, 3, 17, 8, dtype=torch.float64).unbind(0)
+    out = module._linear(q, k, v)
+    assert out.dtype == torch.float64
+    assert '_HedgehogAttentionBackward' not in graph_names(out.grad_fn)
+
+
 def test_kernel_refuses_what_it_cannot_hold(kernels):
     q, k, v = torch.randn(3, 1, 2, 5, 4, dtype=torch.float64).unbind(0)
     maps = torch.randn(2, 4, 4, dtype=torch.float64)
