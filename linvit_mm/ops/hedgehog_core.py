@@ -5,7 +5,9 @@
 ``(B, heads, N, d)`` heads and the feature maps ``W`` of the queries and of the keys
 (``ops/csrc/hedgehog_core.cpp`` states the formulas and their gradients): as PyTorch
 operations about twenty calls per block, which at 224 px made the operator about 1.15x
-slower than softmax attention on a CPU.
+slower than softmax attention on a CPU. With the softmax map, a head whose features stay in
+the type's range skips the log form's shift and its second round of exponentials (the
+probability form, exact there); the others keep the log form.
 
 The operator's own PyTorch form (``HedgehogAttention._linear``) serves everywhere else: on a
 GPU, in fp16 / bf16, while tracing, where the kernels did not build and under

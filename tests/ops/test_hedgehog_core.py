@@ -65,6 +65,52 @@ def test_cpp_form_matches_the_pytorch_form_in_float32_at_vit_s_width(kernels,
         assert_rel_close(fast[name], reference[name], 1e-4, name)
 
 
+def extreme_heads(dtype):
+    """``q, k, v`` ``(1, 2, 8, 4)`` heads with entries far outside what a probability can
+    hold in ``dtype`` (about exp(-87) in float32, with the kernels' exponential floored there;
+    exp(-708) in float64): in head 0 every key's coordinate 0 lies far below its others, so
+    feature 0's key sum is too small for the probability form, and some queries' coordinate
+    0 far above theirs; in head 1 one key's coordinates 0 and 1 lie at two different depths
+    past the floor, which the reciprocals of its positive half cannot tell apart."""
+    generator = torch.Generator().manual_seed(3)
+    depth = 95. if dtype == torch.float32 else 720.
+    q, k, v = torch.randn(3, 1, 2, 8, 4, generator=generator, dtype=dtype).unbind(0)
+    spread = 15 * torch.rand(8, generator=generator, dtype=dtype)
+    k[0, 0, :, 0] = -(depth + spread)
+    q[0, 0, ::2, 0] = depth + spread[::2]
+    k[0, 1, 0, :2] = torch.tensor([-depth - 15., -depth], dtype=dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32], ids=['float64', 'float32'])
+def test_features_past_the_probability_range_take_the_log_form(kernels, dtype):
+    """Head 0 falls back to the log form (its features are divided by their largest key, so
+    each feature's maximum is 1), head 1 keeps the probability form (unshifted features)
+    with its deep row's second half taken by exponentials; the result is the PyTorch
+    form's, output and every gradient."""
+    q, k, v = extreme_heads(dtype)
+    identity = torch.eye(4, dtype=dtype).expand(2, 4, 4).contiguous()
+    _, prob_k, phi, *_ = kernels.hedgehog_forward(q, k, v, identity, identity, True)
+    assert torch.equal(phi[:, 0].amax(dim=-2), torch.ones(1, 8, dtype=dtype))
+    assert torch.equal(phi[:, 1], prob_k[:, 1])
+    module = make(dtype, embed_dims=8, num_heads=2)
+    with torch.no_grad():
+        module.feature_proj.copy_(identity)
+    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(4), dtype=dtype)
+    results = []
+    for on in (True, False):
+        heads = [t.clone().requires_grad_() for t in (q, k, v)]
+        module.zero_grad(set_to_none=True)
+        with set_cpu_kernels(on):
+            out = module._linear(*heads)
+            out.backward(upstream)
+        results.append([out.detach(), *(t.grad for t in heads), module.feature_proj.grad])
+    tolerance = 1e-4 if dtype == torch.float32 else 1e-10
+    for name, fast, reference in zip(['out', 'q', 'k', 'v', 'map'], *results):
+        assert torch.isfinite(fast).all(), name
+        assert_rel_close(fast, reference, tolerance, name)
+
+
 @pytest.mark.parametrize('softmax_map', [True, False], ids=['softmax', 'exp'])
 def test_fused_step_gradcheck(kernels, softmax_map):
     """The hand-written backward against finite differences of the C++ forward, every input

@@ -9,6 +9,15 @@
 //   U = (S / z)^T   (2d x d),   kappa = c + log z
 //   A = softmax_features(L(Q) + kappa),   out = A U
 //
+// The softmax map has a second form, which a head takes when it is exact in the type (see
+// probability_floor): with p = exp(L) the per-half probabilities, the shift c can be any
+// per-feature constant, and c = 0 gives
+//
+//   phi = p(K),  z = Z = sum_tokens p(K) = exp(kappa),  A = p(Q) * Z / (p(Q) . Z)
+//
+// which needs no exponential beyond the softmaxes themselves: half of the log form's.
+// Nothing downstream depends on c, so both forms share the backward.
+//
 // As tensor operations this is about twenty calls and autograd nodes per block; here the
 // softmaxes, exponentials and sums are fused loops on raw pointers and the products are
 // batched BLAS calls. The second half of the features is built from -x in those loops, so
@@ -19,11 +28,12 @@
 //   dS[c, m] = dU[m, c] / z[m],  dz[m] = (dkappa[m] - sum_c dU[m, c] U[m, c]) / z[m]
 //   dphi = V dS + dz,  dV = phi dS^T,  dL(K) = dphi * phi
 //
-// then through each log-softmax half, dx = dy - exp(y) sum_half(dy), the two halves
+// then through each log-softmax half, dx = dy - p sum_half(dy), the two halves
 // (dx = dL[:, :d] - dL[:, d:]) and the maps.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -60,20 +70,55 @@ inline void log_features(const T* __restrict__ x, T* __restrict__ out, int64_t n
   for (int64_t i = 0; i < n; ++i) negative[i] -= negative_shift;
 }
 
-// dx from dL (2n values, overwritten): through each log-softmax half (L as log_features
-// wrote it), dy - exp(y) sum_half(dy), then the two halves' difference
+// dx from dL (2n values, overwritten): through each log-softmax half (p its probabilities,
+// as half_softmaxes wrote them), dy - p sum_half(dy), then the two halves' difference
 template <typename T>
-inline void log_features_backward(const T* __restrict__ features, T* __restrict__ grad,
+inline void log_features_backward(const T* __restrict__ prob, T* __restrict__ grad,
                                   T* __restrict__ grad_x, int64_t n, bool softmax_map) {
   T* __restrict__ negative = grad + n;
   if (softmax_map) {
     const T sum = sum_of(grad, n), negative_sum = sum_of(negative, n);
     for (int64_t i = 0; i < n; ++i) {
-      grad[i] -= exp_vectorisable(features[i]) * sum;
-      negative[i] -= exp_vectorisable(features[n + i]) * negative_sum;
+      grad[i] -= prob[i] * sum;
+      negative[i] -= prob[n + i] * negative_sum;
     }
   }
   for (int64_t i = 0; i < n; ++i) grad_x[i] = grad[i] - negative[i];
+}
+
+// p <- [softmax(x), softmax(-x)], each over the n values of x (p holds 2n). With
+// e_i = exp(x_i - max x), softmax(-x)_i is proportional to 1 / e_i: a division where an
+// exponential would be, exact as long as no e_i fell to the exponential's floor. A sum of
+// the 1 / e_i at most exp(80) guarantees that (each e_i is then at least exp(-80)); past it,
+// the second half takes its own exponentials.
+template <typename T>
+inline void half_softmaxes(const T* __restrict__ x, T* __restrict__ p, int64_t n) {
+  T* __restrict__ negative = p + n;
+  const T top = max_of(x, n);
+  for (int64_t i = 0; i < n; ++i) p[i] = exp_vectorisable(x[i] - top);
+  for (int64_t i = 0; i < n; ++i) negative[i] = T(1) / p[i];
+  T negative_sum = sum_of(negative, n);
+  if (!(negative_sum <= T(5.54062238439351e34))) {  // exp(80); also catches inf
+    for (int64_t i = 0; i < n; ++i) negative[i] = -x[i];
+    const T negative_top = max_of(negative, n);
+    for (int64_t i = 0; i < n; ++i) negative[i] = exp_vectorisable(negative[i] - negative_top);
+    negative_sum = sum_of(negative, n);
+  }
+  const T inv = T(1) / sum_of(p, n), negative_inv = T(1) / negative_sum;
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] *= inv;
+    negative[i] *= negative_inv;
+  }
+}
+
+// The smallest key sum of p(K) per feature with which a head takes the probability form:
+// a probability the exponential flushed to its floor (or below the normal range) errs by at
+// most the smallest normal number, which against a sum of at least its square root is a
+// relative error of the same size, far below the type's precision. Each query's weights then
+// sum, before their normalisation, to at least 2 floors (p(q) sums to 1 in each half).
+template <typename T>
+inline T probability_floor() {
+  return std::sqrt(std::numeric_limits<T>::min());
 }
 
 void check_heads(const at::Tensor& t, const char* name, const at::Tensor& like) {
@@ -103,27 +148,44 @@ std::vector<at::Tensor> hedgehog_forward(const at::Tensor& q, const at::Tensor& 
   }
   const auto options = q.options();
   const auto key_x = at::matmul(k, map_k);                                  // (B, h, N, d)
-  auto log_k = at::empty({B, heads, N, F}, options);
-  auto phi = at::empty_like(log_k);
+  // the softmax map's per-half probabilities p(K), which its backward needs
+  auto prob_k = softmax_map ? at::empty({B, heads, N, F}, options) : at::empty({0}, options);
+  auto phi = at::empty({B, heads, N, F}, options);
   auto key_sum = at::empty({B, heads, 1, F}, options);                      // z
   auto key_mass = at::empty({B, heads, 1, F}, options);                     // kappa
+  // per (image, head): phi = p(K) unshifted (the probability form) or the log form
+  std::vector<char> probability_form(B * heads, 0);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hedgehog_keys", [&] {
     using T = scalar_t;
     const Heads<const T> x(key_x);
-    const Heads<T> lk(log_k), ph(phi), z(key_sum), kappa(key_mass);
+    const Heads<T> pk(softmax_map ? prob_k : phi), ph(phi), z(key_sum), kappa(key_mass);
     for_heads(B, heads, [&](int64_t b, int64_t h) {
-      std::vector<T> scratch(d);
+      T* __restrict__ sum = z.row(b, h, 0);
+      if (softmax_map) {
+        std::fill(sum, sum + F, T(0));
+        for (int64_t i = 0; i < N; ++i) {
+          T* __restrict__ row = pk.row(b, h, i);
+          half_softmaxes(x.row(b, h, i), row, d);
+          for (int64_t m = 0; m < F; ++m) sum[m] += row[m];
+        }
+        if (*std::min_element(sum, sum + F) >= probability_floor<T>()) {
+          for (int64_t i = 0; i < N; ++i)
+            std::copy(pk.row(b, h, i), pk.row(b, h, i) + F, ph.row(b, h, i));
+          probability_form[b * heads + h] = 1;
+          return;
+        }
+      }
+      std::vector<T> scratch(d), log_k(N * F);
       T* __restrict__ top = kappa.row(b, h, 0);
       std::fill(top, top + F, -std::numeric_limits<T>::infinity());
       for (int64_t i = 0; i < N; ++i) {
-        T* __restrict__ row = lk.row(b, h, i);
+        T* __restrict__ row = log_k.data() + i * F;
         log_features(x.row(b, h, i), row, d, softmax_map, scratch.data());
         for (int64_t m = 0; m < F; ++m) top[m] = std::max(top[m], row[m]);
       }
-      T* __restrict__ sum = z.row(b, h, 0);
       std::fill(sum, sum + F, T(0));
       for (int64_t i = 0; i < N; ++i) {
-        const T* __restrict__ row = lk.row(b, h, i);
+        const T* __restrict__ row = log_k.data() + i * F;
         T* __restrict__ out = ph.row(b, h, i);
         for (int64_t m = 0; m < F; ++m) {
           out[m] = exp_vectorisable(row[m] - top[m]);
@@ -136,22 +198,29 @@ std::vector<at::Tensor> hedgehog_forward(const at::Tensor& q, const at::Tensor& 
   // U = (S / z)^T: S^T is formed directly as phi^T V
   auto values = at::matmul(phi.transpose(-2, -1), v).div_(key_sum.transpose(-2, -1));
   const auto query_x = at::matmul(q, map_q);                                // (B, h, N, d)
-  // the weights are written over the log-features, which only the softmax map's backward
-  // needs: it gets a buffer of its own
   auto weights = at::empty({B, heads, N, F}, options);
-  auto log_q = softmax_map ? at::empty_like(weights) : at::empty({0}, options);
+  auto prob_q = softmax_map ? at::empty_like(weights) : at::empty({0}, options);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hedgehog_queries", [&] {
     using T = scalar_t;
-    const Heads<const T> x(query_x), kappa(key_mass);
-    const Heads<T> a(weights), lq(softmax_map ? log_q : weights);
+    const Heads<const T> x(query_x), kappa(key_mass), z(key_sum);
+    const Heads<T> a(weights), pq(softmax_map ? prob_q : weights);
     for_heads(B, heads, [&](int64_t b, int64_t h) {
       std::vector<T> scratch(d);
-      const T* __restrict__ mass = kappa.row(b, h, 0);
+      const bool probabilities = probability_form[b * heads + h];
+      const T* __restrict__ mass = probabilities ? z.row(b, h, 0) : kappa.row(b, h, 0);
       for (int64_t i = 0; i < N; ++i) {
-        T* out = a.row(b, h, i);
-        T* row = lq.row(b, h, i);
-        log_features(x.row(b, h, i), row, d, softmax_map, scratch.data());
-        for (int64_t m = 0; m < F; ++m) out[m] = row[m] + mass[m];
+        T* __restrict__ out = a.row(b, h, i);
+        if (softmax_map) half_softmaxes(x.row(b, h, i), pq.row(b, h, i), d);
+        if (probabilities) {
+          // A = p(q) * Z / (p(q) . Z), Z = exp(kappa) the key sums of p(K)
+          const T* __restrict__ prob = pq.row(b, h, i);
+          for (int64_t m = 0; m < F; ++m) out[m] = prob[m] * mass[m];
+          const T inv = T(1) / sum_of(out, F);
+          for (int64_t m = 0; m < F; ++m) out[m] *= inv;
+          continue;
+        }
+        log_features(x.row(b, h, i), out, d, softmax_map, scratch.data());
+        for (int64_t m = 0; m < F; ++m) out[m] += mass[m];
         const T top = max_of(out, F);
         for (int64_t m = 0; m < F; ++m) out[m] = exp_vectorisable(out[m] - top);
         const T inv = T(1) / sum_of(out, F);
@@ -160,8 +229,7 @@ std::vector<at::Tensor> hedgehog_forward(const at::Tensor& q, const at::Tensor& 
     });
   });
   auto out = at::matmul(weights, values);                                  // (B, h, N, d)
-  return {out, softmax_map ? log_k : at::empty({0}, options), phi, key_sum, values, log_q,
-          weights};
+  return {out, prob_k, phi, key_sum, values, prob_q, weights};
 }
 
 // Returns {grad_q, grad_k, grad_v (B, heads, N, d), grad_map_q, grad_map_k (heads, d, d)}.
@@ -171,8 +239,8 @@ std::vector<at::Tensor> hedgehog_backward(const at::Tensor& grad_out,
                                           const at::Tensor& v, const at::Tensor& map_q,
                                           const at::Tensor& map_k, bool softmax_map) {
   TORCH_CHECK(saved.size() == 6, "saved must be what hedgehog_forward returned after out");
-  const auto &log_k = saved[0], &phi = saved[1], &key_sum = saved[2], &values = saved[3],
-             &log_q = saved[4], &weights = saved[5];
+  const auto &prob_k = saved[0], &phi = saved[1], &key_sum = saved[2], &values = saved[3],
+             &prob_q = saved[4], &weights = saved[5];
   const int64_t B = q.size(0), heads = q.size(1), N = q.size(2), d = q.size(3), F = 2 * d;
   TORCH_CHECK(grad_out.sizes() == q.sizes(), "grad_out must be shaped like q ", q.sizes(),
               ", got ", grad_out.sizes());
@@ -183,7 +251,7 @@ std::vector<at::Tensor> hedgehog_backward(const at::Tensor& grad_out,
   auto grad_query_x = at::empty({B, heads, N, d}, options);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hedgehog_queries_backward", [&] {
     using T = scalar_t;
-    const Heads<const T> a(weights), lq(softmax_map ? log_q : weights);
+    const Heads<const T> a(weights), pq(softmax_map ? prob_q : weights);
     const Heads<T> da(grad_weights), dkappa(grad_mass), dx(grad_query_x);
     for_heads(B, heads, [&](int64_t b, int64_t h) {
       T* __restrict__ mass = dkappa.row(b, h, 0);
@@ -196,7 +264,7 @@ std::vector<at::Tensor> hedgehog_backward(const at::Tensor& grad_out,
           grad[m] = prob[m] * (grad[m] - dot);  // the logits' gradient
           mass[m] += grad[m];
         }
-        log_features_backward(lq.row(b, h, i), grad, dx.row(b, h, i), d, softmax_map);
+        log_features_backward(pq.row(b, h, i), grad, dx.row(b, h, i), d, softmax_map);
       }
     });
   });
@@ -224,7 +292,7 @@ std::vector<at::Tensor> hedgehog_backward(const at::Tensor& grad_out,
   auto grad_key_x = at::empty({B, heads, N, d}, options);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hedgehog_keys_backward", [&] {
     using T = scalar_t;
-    const Heads<const T> ph(phi), lk(softmax_map ? log_k : phi), dz(grad_sum);
+    const Heads<const T> ph(phi), pk(softmax_map ? prob_k : phi), dz(grad_sum);
     const Heads<T> dphi(grad_phi), dx(grad_key_x);
     for_heads(B, heads, [&](int64_t b, int64_t h) {
       const T* __restrict__ sum = dz.row(b, h, 0);
@@ -232,7 +300,7 @@ std::vector<at::Tensor> hedgehog_backward(const at::Tensor& grad_out,
         const T* __restrict__ features = ph.row(b, h, i);
         T* __restrict__ grad = dphi.row(b, h, i);
         for (int64_t m = 0; m < F; ++m) grad[m] = (grad[m] + sum[m]) * features[m];
-        log_features_backward(lk.row(b, h, i), grad, dx.row(b, h, i), d, softmax_map);
+        log_features_backward(pk.row(b, h, i), grad, dx.row(b, h, i), d, softmax_map);
       }
     });
   });
