@@ -54,7 +54,7 @@ def test_targets_not_checked_are_one_line(bench):
                ('relu fwd speed-up >= 90% of MAC bound @ 4096 tokens', 'SKIP', 'not measured'),
                ('relu train peak memory @ 16384 <= 4.5x @ 4096 tokens', 'SKIP', 'no memory')]
     lines = bench.format_targets(results).splitlines()
-    assert lines[1] == '  PASS  relu fwd @ 196 tokens <= 1.1x softmax: 1.02x softmax'
+    assert lines[1] == '  PASS   relu fwd @ 196 tokens <= 1.1x softmax: 1.02x softmax'
     assert len(lines) == 3 and lines[2].startswith('  2 targets not checked: they need')
     assert 'SKIP' not in '\n'.join(lines)
     assert len(bench.format_targets(results[:1]).splitlines()) == 2

@@ -104,3 +104,53 @@ def test_adapter_target_needs_every_linear_operator_faster():
 def test_training_step_thresholds():
     assert (targets.ALIGN_TIME_RATIO, targets.ALIGN_MEMORY_RATIO) == (1.3, 0.6)
     assert targets.DISTILL_TIME_RATIO == 1.35
+
+
+@pytest.mark.parametrize('n,ranks', [(5, None), (6, (1, 6)), (10, (2, 9)), (21, (6, 16)),
+                                     (100, (40, 61))])
+def test_median_interval_takes_the_order_statistics_of_the_binomial_table(n, ranks):
+    """95 % ranks from the binomial distribution by hand (n = 10: P(X <= 1) = 11 / 1024 is
+    within 2.5 %, P(X <= 2) = 56 / 1024 is not; n = 100: the textbook 40th and 61st)."""
+    values = [float(v) for v in range(n, 0, -1)]  # given unsorted: n ... 1
+    expected = None if ranks is None else tuple(float(r) for r in ranks)
+    assert targets.median_interval(values) == expected
+
+
+def _small_rows(softmax_ms, op_ms):
+    softmax = _row(196, 'softmax', sorted(softmax_ms)[len(softmax_ms) // 2], 30., None, 1.)
+    op = _row(196, 'relu', sorted(op_ms)[len(op_ms) // 2], 30., None, 1.05)
+    softmax['fwd_samples_ms'], op['fwd_samples_ms'] = softmax_ms, op_ms
+    return op, softmax
+
+
+@pytest.mark.parametrize('factors,expected', [
+    ([.96, .97, .98, .99] * 5 + [1.04], 'PASS'),
+    ([1.01, 1.02, 1.03, 1.04] * 5 + [.95], 'FAIL'),
+    ([.97, 1.03] * 10 + [1.], 'NOISE'),
+], ids=['pass', 'fail', 'noise'])
+def test_small_target_decides_on_the_paired_ratios_interval(factors, expected):
+    softmax_ms = [100. + 7 * (i % 5) for i in range(21)]  # a machine whose speed drifts
+    op, softmax = _small_rows(softmax_ms, [f * t for f, t in zip(factors, softmax_ms)])
+    verdict, detail = targets.small_target(op, softmax, 'fwd')
+    assert verdict == expected
+    assert '95% interval' in detail
+    assert detail.startswith(f'{op["fwd_ms"] / softmax["fwd_ms"]:.2f}x softmax (per repetition')
+
+
+def test_small_target_pairs_each_repetition_with_its_own():
+    """Every ratio of the medians says 1.05x, the pairs of the same repetitions do not: the
+    operator's samples are softmax's, 5 % slower, in another order."""
+    softmax_ms = [100. + 2 * i for i in range(21)]
+    shuffled = softmax_ms[10:] + softmax_ms[:10]
+    op, softmax = _small_rows(softmax_ms, [1.05 * t for t in shuffled])
+    assert targets.small_target(op, softmax, 'fwd')[0] == 'NOISE'
+    op, softmax = _small_rows(softmax_ms, [1.05 * t for t in softmax_ms])
+    assert targets.small_target(op, softmax, 'fwd')[0] == 'FAIL'
+
+
+def test_small_target_without_samples_takes_the_ratio_of_medians():
+    op, softmax = _small_rows([100.] * 3, [101.] * 3)
+    assert targets.small_target(op, softmax, 'fwd') == ('FAIL', '1.01x softmax')
+    del op['fwd_samples_ms']
+    op['fwd_ms'] = 99.
+    assert targets.small_target(op, softmax, 'fwd') == ('PASS', '0.99x softmax')

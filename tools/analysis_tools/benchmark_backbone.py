@@ -152,7 +152,7 @@ def format_targets(results):
     """The checked targets, one per line; those the run could not check, in one line."""
     checked = [result for result in results if result[1] != 'SKIP']
     lines = ['Targets (CPU, fp32, batch 1, ViT-S):']
-    lines += [f'  {verdict:4s}  {name}: {detail}' for name, verdict, detail in checked]
+    lines += [f'  {verdict:5s}  {name}: {detail}' for name, verdict, detail in checked]
     skipped = len(results) - len(checked)
     if skipped:
         tokens = sorted({SMALL_TOKENS, *BOUND_TARGET_TOKENS, *MEMORY_PAIR})
