@@ -148,33 +148,38 @@ std::vector<at::Tensor> hedgehog_forward(const at::Tensor& q, const at::Tensor& 
   }
   const auto options = q.options();
   const auto key_x = at::matmul(k, map_k);                                  // (B, h, N, d)
-  // the softmax map's per-half probabilities p(K), which its backward needs
-  auto prob_k = softmax_map ? at::empty({B, heads, N, F}, options) : at::empty({0}, options);
   auto phi = at::empty({B, heads, N, F}, options);
   auto key_sum = at::empty({B, heads, 1, F}, options);                      // z
   auto key_mass = at::empty({B, heads, 1, F}, options);                     // kappa
+  // the softmax map's per-half probabilities p(K), which its backward needs
+  at::Tensor prob_k = at::empty({0}, options);
   // per (image, head): phi = p(K) unshifted (the probability form) or the log form
   std::vector<char> probability_form(B * heads, 0);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "hedgehog_keys", [&] {
     using T = scalar_t;
     const Heads<const T> x(key_x);
-    const Heads<T> pk(softmax_map ? prob_k : phi), ph(phi), z(key_sum), kappa(key_mass);
-    for_heads(B, heads, [&](int64_t b, int64_t h) {
-      T* __restrict__ sum = z.row(b, h, 0);
-      if (softmax_map) {
+    const Heads<T> ph(phi), z(key_sum), kappa(key_mass);
+    if (softmax_map) {
+      for_heads(B, heads, [&](int64_t b, int64_t h) {
+        T* __restrict__ sum = z.row(b, h, 0);
         std::fill(sum, sum + F, T(0));
         for (int64_t i = 0; i < N; ++i) {
-          T* __restrict__ row = pk.row(b, h, i);
+          T* __restrict__ row = ph.row(b, h, i);
           half_softmaxes(x.row(b, h, i), row, d);
           for (int64_t m = 0; m < F; ++m) sum[m] += row[m];
         }
-        if (*std::min_element(sum, sum + F) >= probability_floor<T>()) {
-          for (int64_t i = 0; i < N; ++i)
-            std::copy(pk.row(b, h, i), pk.row(b, h, i) + F, ph.row(b, h, i));
-          probability_form[b * heads + h] = 1;
-          return;
-        }
-      }
+        probability_form[b * heads + h] =
+            *std::min_element(sum, sum + F) >= probability_floor<T>();
+      });
+      // phi is p(K) now; the log form below overwrites it in its heads, so where there are
+      // any (features past the type's range), p(K) is kept in a copy first
+      const bool all_probabilities = std::all_of(
+          probability_form.begin(), probability_form.end(), [](char form) { return form; });
+      prob_k = all_probabilities ? phi : phi.clone();
+    }
+    for_heads(B, heads, [&](int64_t b, int64_t h) {
+      if (probability_form[b * heads + h]) return;
+      T* __restrict__ sum = z.row(b, h, 0);
       std::vector<T> scratch(d), log_k(N * F);
       T* __restrict__ top = kappa.row(b, h, 0);
       std::fill(top, top + F, -std::numeric_limits<T>::infinity());
