@@ -29,15 +29,35 @@ import sys
 import tarfile
 import tempfile
 import time
+from importlib.util import module_from_spec, spec_from_file_location
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _sibling(name):
+    """A module beside this script, by path: the script runs with nothing installed, from any
+    working directory, and also under runpy (where its folder is not on sys.path)."""
+    spec = spec_from_file_location(name, Path(__file__).resolve().parent / f'{name}.py')
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+mmcv_subset = _sibling('mmcv_subset')
 REQ = REPO / 'requirements'
 CONSTRAINTS = REQ / 'constraints.txt'
 REQUIRED_PYTHON = (3, 11)
 MMCV_VERSION = '2.1.0'
-# torch >= 2.10 headers refuse anything older than C++20; mmcv 2.1.0 asks for 17.
-MMCV_PATCHES = (("'-std=c++17'", "'-std=c++20'"), )
+# torch >= 2.10 headers refuse anything older than C++20; mmcv 2.1.0 asks for 17. -g0: the
+# debug information the interpreter's CFLAGS ask for is most of the compile time and 30 of the
+# wheel's 32 MB, and nobody steps through mmcv's ops in gdb.
+MMCV_PATCHES = (("extra_compile_args['cxx'] = ['-std=c++17']",
+                 "extra_compile_args['cxx'] = ['-std=c++20', '-g0']"),
+                ("extra_compile_args['nvcc'] += ['-std=c++17']",
+                 "extra_compile_args['nvcc'] += ['-std=c++20']"))
+# The ops a CPU build compiles (mmcv_subset.py); LINVIT_MMCV_OPS=all compiles every op.
+MMCV_OPS = REQ / 'mmcv_ops.txt'
 FRESH_VENV_FREE_GB = 12.0  # venv ~6.1 GB plus the mmcv build tree and pip caches
 UPDATE_FREE_GB = 2.0
 # A long step (the torch download, the mmcv compile) says it is alive this often; pip and
@@ -233,8 +253,24 @@ def wheelhouse():
     return Path(os.environ.get('LINVIT_WHEELHOUSE', default / 'wheelhouse'))
 
 
-def build_mmcv_wheel(env, flavour, target_dir):
-    """Download the mmcv sdist, apply MMCV_PATCHES, compile a wheel into target_dir."""
+def mmcv_ops_selection(flavour):
+    """The op stems to compile, or None for every op.
+
+    CPU builds compile the list of ``requirements/mmcv_ops.txt`` unless ``LINVIT_MMCV_OPS=all``;
+    CUDA builds compile every op (mmcv registers its CUDA kernels in one file for all ops).
+    """
+    wanted = os.environ.get('LINVIT_MMCV_OPS', '').strip()
+    if wanted == 'all' or flavour != 'cpu':
+        return None
+    if wanted:
+        raise StepFailed(f'LINVIT_MMCV_OPS={wanted!r}: the only value it takes is "all" '
+                         f'(unset, the ops of {MMCV_OPS} are compiled)')
+    return tuple(sorted(mmcv_subset.read_kept_ops(MMCV_OPS)))
+
+
+def build_mmcv_wheel(env, flavour, ops, target_dir):
+    """Download the mmcv sdist, apply MMCV_PATCHES, keep ``ops`` (None: all), compile a wheel
+    into target_dir."""
     with tempfile.TemporaryDirectory(prefix='linvit-mmcv-') as tmp:
         tmp = Path(tmp)
         log('mmcv: downloading the sdist')
@@ -256,14 +292,21 @@ def build_mmcv_wheel(env, flavour, target_dir):
                                  'update MMCV_PATCHES in tools/setup_env.py')
             text = text.replace(old, new)
         setup_py.write_text(text)
+        if ops is not None:
+            try:
+                bound = mmcv_subset.trim_tree(src, ops)
+            except mmcv_subset.TrimError as err:
+                raise StepFailed(f'step "mmcv-build" cannot keep only {", ".join(ops)}: {err}')
+            log(f'mmcv: compiling the ops {", ".join(ops)} ({len(bound)} functions; '
+                'LINVIT_MMCV_OPS=all compiles every op)')
         build_env = pip_env({'MMCV_WITH_OPS': '1', 'MAX_JOBS': str(os.cpu_count() or 2)})
         if flavour == 'cpu':
             # mmcv builds CUDA ops whenever torch sees a GPU; FORCE_CUDA=0 does not stop it.
             build_env['CUDA_VISIBLE_DEVICES'] = ''
         else:
             build_env['FORCE_CUDA'] = '1'
-        log(f'mmcv: compiling {flavour} ops (about 10 min on 2 cores; log: '
-            f'{env.logs}/mmcv-build.log)')
+        log(f'mmcv: compiling {flavour} ops ({"about 2 min" if ops else "about 10-35 min"} '
+            f'on 2 cores; log: {env.logs}/mmcv-build.log)')
         started = time.time()
         env.pip('mmcv-build', 'wheel', '--no-deps', '--no-build-isolation', '-w', tmp / 'wheel',
                 src, env=build_env, doing=f'mmcv: compiling {flavour} ops')
@@ -278,9 +321,11 @@ def build_mmcv_wheel(env, flavour, target_dir):
 
 def step_mmcv(env, order):
     flavour = mmcv_flavour(env)
+    ops = mmcv_ops_selection(flavour)
     torch_version = env.py('import torch; print(torch.__version__)')
     key = (f'mmcv-{MMCV_VERSION}-torch{torch_version}-py{sys.version_info[0]}'
-           f'{sys.version_info[1]}-{flavour}-{sha256_of(repr(MMCV_PATCHES))[:8]}')
+           f'{sys.version_info[1]}-{flavour}-{"all" if ops is None else "ops"}-'
+           f'{sha256_of(repr(MMCV_PATCHES), repr(ops), Path(mmcv_subset.__file__))[:8]}')
     stamp = sha256_of(key)
     if env.stamp_ok('mmcv', stamp):
         log(f'mmcv: up to date ({key})')
@@ -290,15 +335,16 @@ def step_mmcv(env, order):
     if wheels:
         log(f'mmcv: using the cached wheel {wheels[0]}')
     else:
-        build_mmcv_wheel(env, flavour, cache_dir)
+        build_mmcv_wheel(env, flavour, ops, cache_dir)
         wheels = list(cache_dir.glob('mmcv-*.whl'))
     # With its dependencies (mmengine, opencv, ...) pinned by the constraints, so that
     # the ops can be checked right away.
     env.pip('mmcv-install', 'install', '--force-reinstall', '-c', CONSTRAINTS, wheels[0],
             env=pip_env(), doing='mmcv: installing the wheel')
     env.py('import mmcv.ops, torch; '
-           'from mmcv.ops import nms; '
-           'nms(torch.rand(4, 4).sort(1)[0], torch.rand(4), 0.5)')
+           'from mmcv.ops import nms, roi_align; '
+           'nms(torch.rand(4, 4).sort(1)[0], torch.rand(4), 0.5); '
+           'roi_align(torch.rand(1, 2, 8, 8), torch.tensor([[0., 1., 1., 6., 6.]]), (2, 2))')
     env.clear_stamps_after('mmcv', order)
     env.write_stamp('mmcv', stamp)
 

@@ -1,0 +1,221 @@
+"""Trim an unpacked mmcv source tree to the C++ ops a project reaches.
+
+mmcv compiles every op of its ``mmcv/ops/csrc`` into one extension, ``mmcv._ext``: 77 C++
+files on a CPU build, most of them ops for 3-D point clouds, rotated boxes or sparse
+convolutions. An op here is the stem shared by its dispatcher (``csrc/pytorch/<op>.cpp``) and
+its CPU implementation (``csrc/pytorch/cpu/<op>.cpp``). Trimming:
+
+- deletes the sources of every op not kept (``setup.py`` collects sources by glob, so a
+  deleted file is simply not compiled);
+- rewrites ``csrc/pytorch/pybind.cpp`` to declare and bind only the functions that the kept
+  dispatchers define (a binding of a function that is not compiled would not link);
+- makes ``mmcv.utils.ext_loader.load_ext`` accept an extension without some functions: every
+  ``mmcv.ops`` module still imports, and calling an op that was left out raises an error that
+  names it and says how to build the full set.
+
+The CUDA sources are left whole (their ``cudabind.cpp`` registers every op at once); trimming
+applies to CPU builds.
+
+Only the standard library is used: ``tools/setup_env.py`` runs this before the environment has
+anything installed.
+"""
+import re
+from pathlib import Path
+
+# Always kept: mmcv's own version queries (``get_compiler_version``, ...) live in info.cpp.
+ALWAYS_KEPT = ('info', )
+PYBIND = Path('mmcv/ops/csrc/pytorch/pybind.cpp')
+EXT_LOADER = Path('mmcv/utils/ext_loader.py')
+
+_LOAD_EXT_STRICT = """\
+    def load_ext(name, funcs):
+        ext = importlib.import_module('mmcv.' + name)
+        for fun in funcs:
+            assert hasattr(ext, fun), f'{fun} miss in module {name}'
+        return ext
+"""
+
+_LOAD_EXT_PARTIAL = """\
+    class _ExtWithoutSomeOps:
+        \"\"\"The compiled extension of a build that left out some ops.\"\"\"
+
+        def __init__(self, ext, name, missing):
+            self._ext, self._name, self._missing = ext, name, frozenset(missing)
+
+        def __getattr__(self, attr):
+            if attr in self._missing:
+                raise NotImplementedError(
+                    f'mmcv.{self._name}.{attr} was not compiled: this mmcv was built with '
+                    'only the ops linvit_mm uses. Build the full set with '
+                    'LINVIT_MMCV_OPS=all bash tools/setup_env.py (see docs/environment.md).')
+            return getattr(self._ext, attr)
+
+    def load_ext(name, funcs):
+        ext = importlib.import_module('mmcv.' + name)
+        missing = [fun for fun in funcs if not hasattr(ext, fun)]
+        return _ExtWithoutSomeOps(ext, name, missing) if missing else ext
+"""
+
+
+class TrimError(RuntimeError):
+    """The source tree does not look like the one this trimming was written for."""
+
+
+def available_ops(src):
+    """Every op of the tree: the stems of ``csrc/pytorch/*.cpp`` except the binding file."""
+    pytorch = Path(src) / PYBIND.parent
+    return sorted(p.stem for p in pytorch.glob('*.cpp') if p.name != PYBIND.name)
+
+
+def split_statements(text):
+    """Split C++ text into top-level statements ending in ``;`` or a ``{...}`` body.
+
+    Comments, preprocessor lines and string literals are kept inside the statement that
+    follows them; only ``;`` at bracket depth 0 and closing braces back to depth 0 end one.
+    """
+    statements, start, depth, i = [], 0, 0, 0
+    while i < len(text):
+        ch = text[i]
+        if text.startswith('//', i):
+            i = text.find('\n', i)
+            i = len(text) if i < 0 else i
+            continue
+        if text.startswith('/*', i):
+            end = text.find('*/', i + 2)
+            i = len(text) if end < 0 else end + 2
+            continue
+        if ch == '"':
+            i += 1
+            while i < len(text) and text[i] != '"':
+                i += 2 if text[i] == '\\' else 1
+        elif ch == '#' and depth == 0 and text[text.rfind('\n', 0, i) + 1:i].strip() == '':
+            end = text.find('\n', i)
+            i = len(text) if end < 0 else end
+            statements.append(text[start:i + 1])
+            start = i + 1
+        elif ch in '({[':
+            depth += 1
+        elif ch in ')}]':
+            depth -= 1
+            if depth < 0:
+                raise TrimError(f'unbalanced {ch!r} at offset {i}')
+            if ch == '}' and depth == 0:
+                statements.append(text[start:i + 1])
+                start = i + 1
+        elif ch == ';' and depth == 0:
+            statements.append(text[start:i + 1])
+            start = i + 1
+        i += 1
+    statements.append(text[start:])
+    return statements
+
+
+def defined_functions(source):
+    """Names of the functions a C++ file defines at namespace level (a body, not a prototype)."""
+    names = set()
+    for statement in split_statements(source):
+        code = _strip_comments(statement).strip()
+        if not code.endswith('}') or code.startswith(('#', 'namespace', 'struct', 'class')):
+            continue
+        head = code[:code.find('{')] if '{' in code else code
+        match = re.search(r'([A-Za-z_]\w*)\s*\([^()]*(?:\([^()]*\)[^()]*)*\)\s*(const\s*)?$',
+                          head.strip())
+        if match and match.group(1) not in {'if', 'for', 'while', 'switch', 'return'}:
+            names.add(match.group(1))
+    return names
+
+
+def _strip_comments(text):
+    text = re.sub(r'/\*.*?\*/', '', text, flags=re.S)
+    return re.sub(r'//[^\n]*', '', text)
+
+
+def _declared_name(statement):
+    code = _strip_comments(statement).strip()
+    match = re.search(r'([A-Za-z_]\w*)\s*\(', code)
+    return match.group(1) if match else None
+
+
+def trim_pybind(text, keep_functions):
+    """``pybind.cpp`` with only the prototypes and ``m.def`` bindings of ``keep_functions``."""
+    module_at = text.find('PYBIND11_MODULE')
+    if module_at < 0:
+        raise TrimError(f'{PYBIND} has no PYBIND11_MODULE block')
+    open_at = text.find('{', module_at)
+    close_at = text.rfind('}')
+    prologue, body = text[:module_at], text[open_at + 1:close_at]
+
+    kept_prologue = []
+    for statement in split_statements(prologue):
+        code = _strip_comments(statement).strip()
+        name = _declared_name(statement) if code.endswith(';') else None
+        if name is None or name in keep_functions:
+            kept_prologue.append(statement)
+    kept_body, bound = [], set()
+    for statement in split_statements(body):
+        match = re.search(r'm\.def\(\s*"(\w+)"\s*,\s*&(\w+)', statement)
+        if match is None:
+            if _strip_comments(statement).strip():
+                raise TrimError(f'{PYBIND}: a statement in the module block is not a '
+                                f'plain m.def binding: {statement.strip()[:120]!r}')
+            kept_body.append(statement)
+        elif match.group(2) in keep_functions:
+            kept_body.append(statement)
+            bound.add(match.group(2))
+    return (''.join(kept_prologue) + text[module_at:open_at + 1] + ''.join(kept_body)
+            + text[close_at:]), bound
+
+
+def trim_tree(src, keep_ops):
+    """Trim the unpacked sdist at ``src`` to ``keep_ops``; return the bound function names.
+
+    Refuses (before changing anything) an op name the tree does not have, so a typo in the
+    kept list cannot silently build an extension without the op.
+    """
+    src = Path(src)
+    ops = available_ops(src)
+    if not ops:
+        raise TrimError(f'{src} has no {PYBIND.parent}/*.cpp: not an mmcv source tree')
+    keep = set(keep_ops) | set(ALWAYS_KEPT)
+    unknown = sorted(keep - set(ops))
+    if unknown:
+        raise TrimError(f'mmcv has no op source named {", ".join(unknown)} '
+                        f'(it has: {", ".join(ops)})')
+    loader = src / EXT_LOADER
+    loader_text = loader.read_text()
+    if _LOAD_EXT_STRICT not in loader_text:
+        raise TrimError(f'{EXT_LOADER} no longer has the load_ext this trimming replaces')
+
+    pytorch = src / PYBIND.parent
+    kept_files, dropped_files = [], []
+    for source in sorted(pytorch.glob('*.cpp')) + sorted((pytorch / 'cpu').glob('*.cpp')):
+        if source.name == PYBIND.name:
+            continue
+        # CPU sources without a dispatcher of their own (bbox_overlaps_cpu.cpp, the sparse_*
+        # files of the sparse convolutions) belong to an op by prefix; nms_rotated.cpp is an
+        # op of its own, not a part of nms.
+        belongs = source.stem in keep or (source.stem not in ops and any(
+            source.stem.startswith(op + '_') for op in keep))
+        (kept_files if belongs else dropped_files).append(source)
+    keep_functions = set()
+    for source in kept_files:
+        keep_functions |= defined_functions(source.read_text())
+    pybind_text, bound = trim_pybind((src / PYBIND).read_text(), keep_functions)
+    if not bound - defined_functions((pytorch / 'info.cpp').read_text()):
+        raise TrimError(f'no binding of {PYBIND} is defined by the kept ops {sorted(keep)}')
+
+    for source in dropped_files:
+        source.unlink()
+    (src / PYBIND).write_text(pybind_text)
+    loader.write_text(loader_text.replace(_LOAD_EXT_STRICT, _LOAD_EXT_PARTIAL))
+    return sorted(bound)
+
+
+def read_kept_ops(path):
+    """The op names of a requirements-style list (``#`` comments, one name per line)."""
+    names = []
+    for line in Path(path).read_text().splitlines():
+        line = line.split('#', 1)[0].strip()
+        if line:
+            names.append(line)
+    return names
