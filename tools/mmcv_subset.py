@@ -13,8 +13,9 @@ its CPU implementation (``csrc/pytorch/cpu/<op>.cpp``). Trimming:
   ``mmcv.ops`` module still imports, and calling an op that was left out raises an error that
   names it and says how to build the full set.
 
-The CUDA sources are left whole (their ``cudabind.cpp`` registers every op at once); trimming
-applies to CPU builds.
+- trims the CUDA sources alike: the ``.cu`` files of the ops not kept are deleted and
+  ``csrc/pytorch/cuda/cudabind.cpp``, which registers every op's CUDA launchers, keeps the
+  registrations of the kept dispatchers and what they name.
 
 Only the standard library is used: ``tools/setup_env.py`` runs this before the environment has
 anything installed.
@@ -166,6 +167,49 @@ def trim_pybind(text, keep_functions):
             + text[close_at:]), bound
 
 
+def _op_of(stem, ops):
+    """The op a source file belongs to, from its stem: ``roi_align`` (dispatcher and CPU
+    file), ``roi_align_cuda`` / ``upfirdn2d_kernel`` (CUDA), ``bbox_overlaps_cpu`` and
+    ``sparse_indice`` (CPU / CUDA parts of an op by prefix), ``stack_ball_query_cuda`` (by
+    suffix); None for a file of no op. ``nms_rotated`` is an op of its own, not part of
+    ``nms``."""
+    for suffix in ('_cuda', '_kernel', '_cpu'):
+        if stem.endswith(suffix) and stem[:-len(suffix)] in ops:
+            return stem[:-len(suffix)]
+    if stem in ops:
+        return stem
+    base = stem[:-5] if stem.endswith('_cuda') else stem
+    candidates = [op for op in ops if base.startswith(op + '_') or base.endswith('_' + op)]
+    return max(candidates, key=len) if candidates else None
+
+
+def trim_registrations(text, keep_functions):
+    """``cudabind.cpp`` (one file binding every op's CUDA launchers to its dispatcher) with
+    only what the kept dispatchers reach: each ``REGISTER_DEVICE_IMPL(<impl>, CUDA, <fn>)``
+    of a kept ``<impl>``, then every declaration or definition those name, transitively."""
+    statements = split_statements(text)
+    needed = set()
+    keep = [False] * len(statements)
+    for i, statement in enumerate(statements):
+        code = _strip_comments(statement).strip()
+        match = re.match(r'REGISTER_DEVICE_IMPL\(\s*(\w+)\s*,\s*\w+\s*,\s*(\w+)\s*\)', code)
+        if match:
+            if match.group(1) in keep_functions:
+                keep[i] = True
+                needed |= {match.group(1), match.group(2)}   # the impl's prototype too
+        elif code != ';' and (not code or _declared_name(statement) is None):
+            keep[i] = True          # includes, typedefs, the file's blank tail
+    changed = True
+    while changed:
+        changed = False
+        for i, statement in enumerate(statements):
+            if keep[i] or _declared_name(statement) not in needed:
+                continue
+            keep[i] = changed = True
+            needed |= set(re.findall(r'[A-Za-z_]\w*', _strip_comments(statement)))
+    return ''.join(s for s, kept in zip(statements, keep) if kept)
+
+
 def trim_tree(src, keep_ops):
     """Trim the unpacked sdist at ``src`` to ``keep_ops``; return the bound function names.
 
@@ -187,26 +231,33 @@ def trim_tree(src, keep_ops):
         raise TrimError(f'{EXT_LOADER} no longer has the load_ext this trimming replaces')
 
     pytorch = src / PYBIND.parent
+    cudabind = pytorch / 'cuda' / 'cudabind.cpp'
     kept_files, dropped_files = [], []
-    for source in sorted(pytorch.glob('*.cpp')) + sorted((pytorch / 'cpu').glob('*.cpp')):
-        if source.name == PYBIND.name:
+    sources = [*pytorch.glob('*.cpp'), *(pytorch / 'cpu').glob('*.cpp'),
+               *(pytorch / 'cuda').glob('*.cu'), *(pytorch / 'cuda').glob('*.cpp')]
+    for source in sorted(sources):
+        if source in (src / PYBIND, cudabind):
             continue
-        # CPU sources without a dispatcher of their own (bbox_overlaps_cpu.cpp, the sparse_*
-        # files of the sparse convolutions) belong to an op by prefix; nms_rotated.cpp is an
-        # op of its own, not a part of nms.
-        belongs = source.stem in keep or (source.stem not in ops and any(
-            source.stem.startswith(op + '_') for op in keep))
-        (kept_files if belongs else dropped_files).append(source)
+        (kept_files if _op_of(source.stem, ops) in keep else dropped_files).append(source)
     keep_functions = set()
     for source in kept_files:
-        keep_functions |= defined_functions(source.read_text())
+        if source.suffix == '.cpp' and source.parent == pytorch:
+            keep_functions |= defined_functions(source.read_text())
+    dispatchers = {p.stem for p in kept_files if p.parent == pytorch}
+    for source in kept_files:
+        if source.parent != pytorch:
+            keep_functions |= defined_functions(source.read_text())
     pybind_text, bound = trim_pybind((src / PYBIND).read_text(), keep_functions)
     if not bound - defined_functions((pytorch / 'info.cpp').read_text()):
-        raise TrimError(f'no binding of {PYBIND} is defined by the kept ops {sorted(keep)}')
+        raise TrimError(f'no binding of {PYBIND} is defined by the kept ops {sorted(dispatchers)}')
+    cudabind_text = (trim_registrations(cudabind.read_text(), keep_functions)
+                     if cudabind.exists() else None)
 
     for source in dropped_files:
         source.unlink()
     (src / PYBIND).write_text(pybind_text)
+    if cudabind_text is not None:
+        cudabind.write_text(cudabind_text)
     loader.write_text(loader_text.replace(_LOAD_EXT_STRICT, _LOAD_EXT_PARTIAL))
     return sorted(bound)
 

@@ -56,7 +56,7 @@ MMCV_PATCHES = (("extra_compile_args['cxx'] = ['-std=c++17']",
                  "extra_compile_args['cxx'] = ['-std=c++20', '-g0']"),
                 ("extra_compile_args['nvcc'] += ['-std=c++17']",
                  "extra_compile_args['nvcc'] += ['-std=c++20']"))
-# The ops a CPU build compiles (mmcv_subset.py); LINVIT_MMCV_OPS=all compiles every op.
+# The ops the build compiles (mmcv_subset.py); LINVIT_MMCV_OPS=all compiles every op.
 MMCV_OPS = REQ / 'mmcv_ops.txt'
 FRESH_VENV_FREE_GB = 12.0  # venv ~6.1 GB plus the mmcv build tree and pip caches
 UPDATE_FREE_GB = 2.0
@@ -253,14 +253,11 @@ def wheelhouse():
     return Path(os.environ.get('LINVIT_WHEELHOUSE', default / 'wheelhouse'))
 
 
-def mmcv_ops_selection(flavour):
-    """The op stems to compile, or None for every op.
-
-    CPU builds compile the list of ``requirements/mmcv_ops.txt`` unless ``LINVIT_MMCV_OPS=all``;
-    CUDA builds compile every op (mmcv registers its CUDA kernels in one file for all ops).
-    """
+def mmcv_ops_selection():
+    """The op stems to compile (CPU and CUDA builds alike): those of
+    ``requirements/mmcv_ops.txt``, or None for every op (``LINVIT_MMCV_OPS=all``)."""
     wanted = os.environ.get('LINVIT_MMCV_OPS', '').strip()
-    if wanted == 'all' or flavour != 'cpu':
+    if wanted == 'all':
         return None
     if wanted:
         raise StepFailed(f'LINVIT_MMCV_OPS={wanted!r}: the only value it takes is "all" '
@@ -321,7 +318,7 @@ def build_mmcv_wheel(env, flavour, ops, target_dir):
 
 def step_mmcv(env, order):
     flavour = mmcv_flavour(env)
-    ops = mmcv_ops_selection(flavour)
+    ops = mmcv_ops_selection()
     torch_version = env.py('import torch; print(torch.__version__)')
     key = (f'mmcv-{MMCV_VERSION}-torch{torch_version}-py{sys.version_info[0]}'
            f'{sys.version_info[1]}-{flavour}-{"all" if ops is None else "ops"}-'

@@ -240,3 +240,50 @@ def test_the_kept_list_names_real_ops_with_a_reason_each():
     assert entries and all(re.match(r'^\w+\s+# \S', line) for line in entries), entries
     kept = mmcv_subset.read_kept_ops(REPO / 'requirements' / 'mmcv_ops.txt')
     assert kept == [line.split()[0] for line in entries]
+
+
+CUDABIND = '''\
+#include "pytorch_device_registry.hpp"
+
+Tensor NMSCUDAKernelLauncher(Tensor boxes, float iou_threshold);
+Tensor nms_impl(Tensor boxes, float iou_threshold);
+
+Tensor nms_cuda(Tensor boxes, float iou_threshold) {
+  return NMSCUDAKernelLauncher(boxes, iou_threshold);
+}
+REGISTER_DEVICE_IMPL(nms_impl, CUDA, nms_cuda);
+
+void ROIAlignForwardCUDAKernelLauncher(Tensor input, Tensor rois);
+void roi_align_forward_impl(Tensor input, Tensor rois);
+
+void roi_align_forward_cuda(Tensor input, Tensor rois) {
+  ROIAlignForwardCUDAKernelLauncher(input, rois);
+};
+
+REGISTER_DEVICE_IMPL(roi_align_forward_impl, CUDA,
+                     roi_align_forward_cuda);
+typedef enum { SUM = 0, MEAN = 1, MAX = 2 } reduce_t;
+'''
+
+
+def test_registrations_keep_what_the_kept_dispatchers_reach():
+    text = mmcv_subset.trim_registrations(CUDABIND, {'roi_align_forward_impl', 'nms'})
+    assert 'REGISTER_DEVICE_IMPL(roi_align_forward_impl, CUDA,' in text
+    assert 'void roi_align_forward_cuda(Tensor input, Tensor rois) {' in text
+    assert 'void ROIAlignForwardCUDAKernelLauncher(Tensor input, Tensor rois);' in text
+    assert 'void roi_align_forward_impl(Tensor input, Tensor rois);' in text
+    # nms is bound but its dispatcher's nms_impl is not kept: none of its CUDA half stays
+    assert 'NMS' not in text and 'nms_cuda' not in text and 'nms_impl' not in text
+    assert text.startswith('#include "pytorch_device_registry.hpp"')
+    assert 'typedef enum' in text and ';;' not in text
+
+
+@pytest.mark.parametrize('stem, op', [
+    ('roi_align', 'roi_align'), ('roi_align_cuda', 'roi_align'), ('nms_rotated', 'nms_rotated'),
+    ('nms_rotated_cuda', 'nms_rotated'), ('bbox_overlaps_cpu', 'bbox_overlaps'),
+    ('sparse_indice', None), ('upfirdn2d_kernel', 'upfirdn2d'),
+    ('stack_ball_query_cuda', 'ball_query'), ('cudabind', None)])
+def test_each_source_belongs_to_its_op(stem, op):
+    ops = ['ball_query', 'bbox_overlaps', 'nms', 'nms_rotated', 'roi_align', 'sparse_pool_ops',
+           'upfirdn2d']
+    assert mmcv_subset._op_of(stem, ops) == op

@@ -119,3 +119,15 @@ def test_second_run_reuses_the_environment():
     for step in ('build', 'torch', 'mmcv', 'openmmlab', 'project'):
         assert f'{step}: up to date' in proc.stdout
     assert elapsed < 60
+
+
+def test_mmcv_ops_are_the_kept_list_unless_all_are_asked_for(monkeypatch):
+    setup_env = load_setup_env()
+    monkeypatch.delenv('LINVIT_MMCV_OPS', raising=False)
+    kept = setup_env.mmcv_subset.read_kept_ops(REPO / 'requirements' / 'mmcv_ops.txt')
+    assert setup_env.mmcv_ops_selection() == tuple(sorted(kept))
+    monkeypatch.setenv('LINVIT_MMCV_OPS', 'all')
+    assert setup_env.mmcv_ops_selection() is None
+    monkeypatch.setenv('LINVIT_MMCV_OPS', 'nms')
+    with pytest.raises(setup_env.StepFailed, match='LINVIT_MMCV_OPS=.nms.: the only value'):
+        setup_env.mmcv_ops_selection()
