@@ -11,8 +11,7 @@ its CPU implementation (``csrc/pytorch/cpu/<op>.cpp``). Trimming:
   dispatchers define (a binding of a function that is not compiled would not link);
 - makes ``mmcv.utils.ext_loader.load_ext`` accept an extension without some functions: every
   ``mmcv.ops`` module still imports, and calling an op that was left out raises an error that
-  names it and says how to build the full set.
-
+  names it and says how to build the full set;
 - trims the CUDA sources alike: the ``.cu`` files of the ops not kept are deleted and
   ``csrc/pytorch/cuda/cudabind.cpp``, which registers every op's CUDA launchers, keeps the
   registrations of the kept dispatchers and what they name.
@@ -48,7 +47,7 @@ _LOAD_EXT_PARTIAL = """\
                 raise NotImplementedError(
                     f'mmcv.{self._name}.{attr} was not compiled: this mmcv was built with '
                     'only the ops linvit_mm uses. Build the full set with '
-                    'LINVIT_MMCV_OPS=all bash tools/setup_env.py (see docs/environment.md).')
+                    'LINVIT_MMCV_OPS=all bash tools/setup_env.sh (see docs/environment.md).')
             return getattr(self._ext, attr)
 
     def load_ext(name, funcs):
