@@ -20,6 +20,7 @@ Only the standard library is used: ``tools/setup_env.py`` runs this before the e
 anything installed.
 """
 import re
+import sys
 from pathlib import Path
 
 # Always kept: mmcv's own version queries (``get_compiler_version``, ...) live in info.cpp.
@@ -269,3 +270,39 @@ def read_kept_ops(path):
         if line:
             names.append(line)
     return names
+
+
+def main(argv=None):
+    import argparse
+    parser = argparse.ArgumentParser(
+        description='Trim an unpacked mmcv source tree to some of its C++ ops, in place, so '
+                    'that building it (MMCV_WITH_OPS=1 pip install SRC) compiles only those.')
+    parser.add_argument('src', help='the unpacked mmcv sdist or git checkout')
+    parser.add_argument('--ops', nargs='+', metavar='OP',
+                        help='op names (stems of mmcv/ops/csrc/pytorch/*.cpp); default: the '
+                             "list of requirements/mmcv_ops.txt, this project's ops")
+    parser.add_argument('--list', action='store_true',
+                        help='print the ops the tree has and change nothing')
+    args = parser.parse_args(argv)
+    if args.list:
+        ops = available_ops(Path(args.src))
+        if not ops:
+            print(f'mmcv_subset: {args.src} has no {PYBIND.parent}/*.cpp: not an mmcv source tree',
+                  file=sys.stderr)
+            return 2
+        print('\n'.join(ops))
+        return 0
+    ops = args.ops or read_kept_ops(Path(__file__).resolve().parents[1] / 'requirements'
+                                    / 'mmcv_ops.txt')
+    try:
+        bound = trim_tree(args.src, ops)
+    except TrimError as err:
+        print(f'mmcv_subset: {err}', file=sys.stderr)
+        return 2
+    print(f'kept {", ".join(sorted(set(ops)))}; the extension binds {len(bound)} functions: '
+          f'{", ".join(bound)}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

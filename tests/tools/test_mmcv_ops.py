@@ -287,3 +287,16 @@ def test_each_source_belongs_to_its_op(stem, op):
     ops = ['ball_query', 'bbox_overlaps', 'nms', 'nms_rotated', 'roi_align', 'sparse_pool_ops',
            'upfirdn2d']
     assert mmcv_subset._op_of(stem, ops) == op
+
+
+def test_the_command_line_trims_a_tree_and_refuses_a_typo(tmp_path, capsys):
+    pytorch = fake_tree(tmp_path)
+    assert mmcv_subset.main([str(tmp_path), '--ops', 'roi_algn']) == 2
+    assert 'no op source named roi_algn' in capsys.readouterr().err
+    assert (pytorch / 'nms.cpp').exists()
+    assert mmcv_subset.main([str(tmp_path), '--list']) == 0
+    assert capsys.readouterr().out.split() == ['info', 'nms', 'roi_align', 'roi_align_rotated']
+    assert mmcv_subset.main([str(tmp_path), '--ops', 'nms']) == 0
+    assert 'binds 2 functions: get_compiler_version, nms' in capsys.readouterr().out
+    assert sorted(p.name for p in pytorch.glob('*.cpp')) == ['info.cpp', 'nms.cpp', 'pybind.cpp']
+    assert mmcv_subset.main([str(tmp_path / 'nothing'), '--list']) == 2
