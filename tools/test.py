@@ -77,6 +77,9 @@ def parse_args(argv=None):
                         help='load a checkpoint that does not fit the model (other operators, '
                         'missing, extra or resized tensors) as far as it fits, with a warning, '
                         'instead of refusing it (the config key strict_load = False)')
+    parser.add_argument('--allow-non-finite', action='store_true',
+                        help='test a checkpoint whose weights hold NaN or Inf (refused by '
+                        'default: such a model scores 0 without an error)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, key=value (xxx=[a,b] for lists)')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
@@ -206,7 +209,8 @@ def main(argv=None):
         for note in notes:
             runner.logger.info(note)
         # Before the weights are initialised: a checkpoint that does not fit is refused first.
-        linvit_mm.engine.strict_load.check_runner_checkpoint(runner)
+        linvit_mm.engine.strict_load.check_runner_checkpoint(
+            runner, allow_non_finite=args.allow_non_finite)
         if out_kind in ('predictions', 'det_predictions'):
             runner.test_evaluator.metrics.append(prediction_dumper(out_kind, args.out))
         metrics = runner.test()

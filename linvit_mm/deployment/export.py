@@ -227,7 +227,7 @@ def within_tolerance(comparisons, tolerance, against, mismatch):
     for comparison in comparisons:
         print(f'Check against {against}, {comparison}')
     worst = max(c.relative_error for c in comparisons)
-    if worst > tolerance:
+    if not worst <= tolerance:  # a NaN error fails too
         print(f'{mismatch} by {worst:.3g} of the largest output, more than --tolerance '
               f'{tolerance:g}: nothing written', file=sys.stderr)
         return False
@@ -237,16 +237,21 @@ def within_tolerance(comparisons, tolerance, against, mismatch):
 DENSE_SCOPES = ('mmdet', 'mmseg')
 
 
-def build_model(cfg, checkpoint=None, backbone=False):
+def build_model(cfg, checkpoint=None, backbone=False, allow_non_finite=False):
     """The model of an mmpretrain, mmdet or mmseg config (an mmengine ``Config``) to export,
     in eval mode, with the ``checkpoint``'s weights (strictly; random init without one).
+
+    A checkpoint with NaN or Inf weights is refused (``ValueError`` naming the tensors) before
+    it is loaded, unless ``allow_non_finite`` (for inspecting a diverged run).
 
     mmpretrain: the classifier, or with ``backbone`` its backbone; mmdet / mmseg: the
     backbone (the detector's or segmentor's heads and test-time logic are not exported).
     The backbone must be a LinearViT (see :func:`find_linear_vit`).
     """
     from mmengine.registry import MODELS, init_default_scope
-    from mmengine.runner import load_checkpoint
+    from mmengine.runner.checkpoint import _load_checkpoint, _load_checkpoint_to_model
+
+    from linvit_mm.transfer.formats import refuse_non_finite
 
     import linvit_mm.models  # noqa: F401  (registers LinearViT and the operators)
     scope = cfg.get('default_scope', 'mmpretrain')
@@ -257,7 +262,14 @@ def build_model(cfg, checkpoint=None, backbone=False):
     model = MODELS.build(cfg.model)
     find_linear_vit(model)  # refuses other backbones before the checkpoint is read
     if checkpoint is not None:
-        load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
+        loaded = _load_checkpoint(checkpoint, map_location='cpu')
+        state = loaded.get('state_dict', loaded) if isinstance(loaded, dict) else {}
+        if not allow_non_finite:
+            refuse_non_finite(
+                {k: v for k, v in state.items() if torch.is_tensor(v)}, {}, checkpoint,
+                advice='Nothing was written; pass --allow-non-finite to go on anyway (to '
+                       'inspect a diverged run).')
+        _load_checkpoint_to_model(model, loaded, strict=True)
     if backbone or scope in DENSE_SCOPES:
         model = model.backbone
     return model.eval()

@@ -22,19 +22,22 @@ needs every tensor to fit, as the optimizer state belongs to them.
 
 A checkpoint without a record (older runs, converted releases) is checked by names and shapes
 and loads with a WARNING that its operators could not be compared. Models without a LinearViT
-(a plain mmpretrain ResNet, say) load as mmengine loads them.
+(a plain mmpretrain ResNet, say) load as mmengine loads them, except that a resume file whose
+meta carries a ``config`` text (which mmengine's resume would execute) is refused for them too.
 
 :class:`ModelRecordHook`, which ``add_training_safeguards`` gives every training run, writes
 the record into each checkpoint.
 """
 import re
 
+import torch
 from mmengine.hooks import Hook
 from mmengine.model import BaseTTAModel, is_model_wrapper
 from mmengine.registry import HOOKS
 
 from linvit_mm.staged import RECORD_KEY, checkpoint_record, find_linear_vits, model_record
 from linvit_mm.staged.record import ARCH_FIELDS, block_ranges
+from linvit_mm.transfer.formats import refuse_non_finite
 from linvit_mm.utils.checkpoint_state import state_problems
 
 __all__ = ['STRICT_LOAD_KEY', 'CheckpointMismatchError', 'ModelRecordHook',
@@ -210,11 +213,17 @@ def _run_problems(checkpoint):
         loop = [key for key in ('epoch', 'iter') if key not in meta]
         if loop:
             problems.append(f'its meta has no {" or ".join(loop)} to resume the loop from')
-        if 'config' in meta:
-            # mmengine's resume parses meta['config'] with Config.fromstring, which runs it.
-            problems.append("its meta holds a 'config' text, which mmengine's resume would "
-                            "run as Python; runs of mmengine write meta['cfg'] instead")
-    return problems
+    return problems + _code_problems(checkpoint)
+
+
+def _code_problems(checkpoint):
+    """What in a resume file mmengine's ``Runner.resume`` would run as code, for any model."""
+    meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
+    if isinstance(meta, dict) and 'config' in meta:
+        # mmengine's resume parses meta['config'] with Config.fromstring, which runs it.
+        return ["its meta holds a 'config' text, which mmengine's resume would run as "
+                "Python; runs of mmengine write meta['cfg'] instead"]
+    return []
 
 
 def checkpoint_fit(model, checkpoint, resume=False):
@@ -250,15 +259,18 @@ def _opt_out_hint(resume):
             '(tools/train.py, tools/test.py) or set strict_load = False in the config')
 
 
-def check_runner_checkpoint(runner, strict=None):
+def check_runner_checkpoint(runner, strict=None, allow_non_finite=True):
     """Check what ``runner`` is going to load (:func:`pending_checkpoint`) against its model,
-    before anything loads. Does nothing for a model without a LinearViT or with nothing to
-    load.
+    before anything loads. A resume file is refused for any model when mmengine's resume would
+    run text it carries as code; the rest of the check applies to models with a LinearViT.
 
     Args:
         runner: an mmengine ``Runner`` / ``FlexibleRunner``, built, not yet trained or tested.
         strict (bool, optional): refuse any mismatch. By default the config's ``strict_load``
             (True when unset).
+        allow_non_finite (bool): load weights that hold NaN or Inf. ``tools/test.py`` refuses
+            them (a NaN model scores 0 and exits 0); a training run's ``FiniteLossHook``
+            refuses them itself, once loaded.
 
     Returns:
         list[str]: what the check found and let through (already logged at WARNING level).
@@ -272,14 +284,28 @@ def check_runner_checkpoint(runner, strict=None):
     if pending is None:
         return []
     model = _unwrap(runner.model)
-    if not find_linear_vits(model):
-        return []
     filename, resume = pending
+    linear = bool(find_linear_vits(model))
+    if not (linear or resume or not allow_non_finite):
+        return []
+    checkpoint = _load_checkpoint(filename, map_location='cpu')
+    if not allow_non_finite:
+        state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
+        refuse_non_finite({key: value for key, value in state.items() if torch.is_tensor(value)},
+                          {}, filename, advice='Nothing was loaded; pass --allow-non-finite to '
+                          'load it anyway (to inspect a diverged run).')
+    if not linear:
+        code = _code_problems(checkpoint) if resume else []
+        if code:
+            raise CheckpointMismatchError(
+                f'{filename} cannot be resumed, whatever the model; nothing was loaded:\n  - '
+                + '\n  - '.join(code))
+        return []
     if strict is None:
         strict = runner.cfg.get(STRICT_LOAD_KEY, True)
     if not isinstance(strict, bool):
         raise TypeError(f'{STRICT_LOAD_KEY} must be True or False, got {strict!r}')
-    fit = checkpoint_fit(model, _load_checkpoint(filename, map_location='cpu'), resume)
+    fit = checkpoint_fit(model, checkpoint, resume)
     action = 'resume from' if resume else 'load'
     refused = fit['run'] + (fit['tensors'] if resume else [])
     if strict:

@@ -148,8 +148,11 @@ def refuse_non_float(state, origins, where):
                      f'use the checkpoint in the precision it was trained in.')
 
 
-def refuse_non_finite(state, origins, where):
-    """Raise if a tensor that could be copied holds NaN or Inf (a diverged or damaged run)."""
+def refuse_non_finite(state, origins, where, advice=None):
+    """Raise if a tensor that could be copied holds NaN or Inf (a diverged or damaged run).
+
+    ``advice`` replaces the closing sentence (what to do instead), for callers with an opt-out.
+    """
     bad = [(name, tensor) for name, tensor in state.items()
            if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
     if not bad:
@@ -164,8 +167,8 @@ def refuse_non_finite(state, origins, where):
     more = f'\n  ... and {len(bad) - _MAX_NAMED} more' if len(bad) > _MAX_NAMED else ''
     raise ValueError(f'{where}: {len(bad)} tensor(s) hold non-finite values (NaN / Inf), as a '
                      f'diverged or damaged training run leaves them:\n  ' + '\n  '.join(listed)
-                     + f'{more}\nRefused before anything is copied; use a checkpoint saved '
-                     f'before the run diverged.')
+                     + f'{more}\n' + (advice or 'Refused before anything is copied; use a '
+                                       'checkpoint saved before the run diverged.'))
 
 
 def _is_tensor_dict(obj):

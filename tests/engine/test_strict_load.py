@@ -298,6 +298,38 @@ def test_a_resume_file_that_mmengine_would_run_is_refused(relu_run, mini_data_ro
         check_runner_checkpoint(runner, strict=False)
 
 
+def resnet_runner(work_dir, mini_data_root, **cfg_options):
+    """A Runner of the tiny config with a ResNet-18 in place of its LinearViT."""
+    cfg = Config.fromfile(str(TINY_CONFIG))
+    cfg.model.backbone = dict(type='ResNet', depth=18)
+    cfg.model.neck = dict(type='GlobalAveragePooling')
+    cfg.model.head.in_channels = 512
+    cfg.merge_from_dict(dict(work_dir=str(work_dir), **cfg_options))
+    for option in data_options(mini_data_root):
+        key, value = option.split('=')
+        cfg.merge_from_dict({key: value})
+    return Runner.from_cfg(cfg)
+
+
+@pytest.mark.parametrize('resume', [True, False], ids=['resume', 'load-from'])
+def test_a_resume_file_with_code_is_refused_for_a_model_without_linear_vit(
+        resume, mini_data_root, tmp_path):
+    runner = resnet_runner(tmp_path, mini_data_root)
+    marker = tmp_path / 'pwned'
+    crafted = tmp_path / 'crafted.pth'
+    torch.save(dict(state_dict=runner.model.state_dict(), optimizer={}, message_hub={},
+                    meta=dict(epoch=1, iter=1,
+                              config=f"import pathlib\npathlib.Path('{marker}').touch()")),
+               crafted)
+    runner = resnet_runner(tmp_path, mini_data_root, load_from=str(crafted), resume=resume)
+    if resume:
+        with pytest.raises(CheckpointMismatchError, match="its meta holds a 'config' text"):
+            check_runner_checkpoint(runner)
+    else:  # loading weights does not parse the text: nothing to refuse
+        assert check_runner_checkpoint(runner) == []
+    assert not marker.exists()
+
+
 def test_the_record_hook_adds_to_the_record_and_skips_other_models():
     from mmpretrain.models import ImageClassifier
 

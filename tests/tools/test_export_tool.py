@@ -116,3 +116,28 @@ def test_shape_off_the_patch_grid_is_refused_before_export(tool, tmp_path):
         tool.main([str(TINY_CONFIG), '--format', 'onnx', '--shape', '32', '36', '--out',
                    str(tmp_path / 'x.onnx')])
     assert list(tmp_path.iterdir()) == []
+
+
+def nan_checkpoint(checkpoint, tmp_path):
+    path, trained = checkpoint
+    state = {key: value.clone() for key, value in trained.state_dict().items()}
+    state['backbone.layers.0.ffn.layers.1.weight'][0, 0] = float('nan')
+    nan_path = tmp_path / 'nan.pth'
+    torch.save({'state_dict': state, 'meta': {}}, nan_path)
+    return nan_path
+
+
+def test_non_finite_weights_are_refused_by_name_and_a_nan_check_never_passes(
+        tool, checkpoint, tmp_path, capsys):
+    nan_path = nan_checkpoint(checkpoint, tmp_path)
+    out = tmp_path / 'nan.pt2'
+    with pytest.raises(ValueError, match=r'(?s)1 tensor\(s\) hold non-finite.*'
+                       r'backbone.layers.0.ffn.layers.1.weight: 1 NaN of .*--allow-non-finite'):
+        tool.main([str(TINY_CONFIG), str(nan_path), '--format', 'torch-export', '--shape', '32',
+                   '--out', str(out), *ONE_BLOCK])
+    assert not out.exists()
+    # opted out, the export runs, and its NaN error against eager fails the check
+    assert tool.main([str(TINY_CONFIG), str(nan_path), '--format', 'torch-export', '--shape',
+                      '32', '--out', str(out), '--allow-non-finite', *ONE_BLOCK]) == 1
+    assert 'nothing written' in capsys.readouterr().err
+    assert not out.exists()

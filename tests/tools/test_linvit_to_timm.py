@@ -80,3 +80,16 @@ def test_refusals_write_nothing(tool, tmp_path):
     with pytest.raises(SystemExit):
         tool.parse_args([str(TINY_CONFIG), str(tmp_path / 'missing.pth'), str(out)])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_non_finite_weights_are_refused_and_never_copied(tool, tmp_path, capsys):
+    model = build_model(Config.fromfile(TINY_CONFIG))
+    state = model.state_dict()
+    state['backbone.cls_token'][..., 0] = float('inf')
+    checkpoint, out = tmp_path / 'inf.pth', tmp_path / 'inf_timm.pth'
+    torch.save({'state_dict': state}, checkpoint)
+    with pytest.raises(ValueError, match=r'backbone.cls_token: 1 Inf of 32'):
+        tool.main([str(TINY_CONFIG), str(checkpoint), str(out)])
+    assert not out.exists()
+    assert tool.main([str(TINY_CONFIG), str(checkpoint), str(out), '--allow-non-finite']) == 1
+    assert 'The timm model differs' in capsys.readouterr().err and not out.exists()

@@ -145,3 +145,18 @@ def test_segmentor_writes_maps_into_out_dir(tool, tmp_path, mini_data_root):
                          'test_dataloader.dataset.indices=2', 'visualizer.name=test_tool_out_dir'])
     assert 'mIoU' in metrics
     assert len(list((tmp_path / 'maps').glob('*.png'))) == 2
+
+
+def test_non_finite_weights_are_refused_before_testing(tool, tmp_path, mini_data_root):
+    ckpt = random_checkpoint(TINY_CLS, tmp_path / 'cls.pth')
+    checkpoint = torch.load(ckpt, weights_only=True)
+    checkpoint['state_dict']['head.layers.head.weight'][1, :3] = float('nan')
+    torch.save(checkpoint, ckpt)
+    out = tmp_path / 'm.json'
+    argv = [TINY_CLS, ckpt, '--work-dir', tmp_path, '--out', out, '--out-item', 'metrics',
+            '--cfg-options', *cls_options(mini_data_root)]
+    with pytest.raises(ValueError, match=r'(?s)head.layers.head.weight: 3 NaN of .*'
+                       r'--allow-non-finite'):
+        run(tool, argv)
+    assert not out.exists()
+    assert 'accuracy/top1' in run(tool, argv + ['--allow-non-finite'])

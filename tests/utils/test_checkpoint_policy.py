@@ -246,3 +246,80 @@ def test_calling_a_class_method_reached_through_getattr_is_refused(tmp_path):
     with pytest.raises(policy.UnsafeCheckpointError, match='refusing to unpickle'):
         policy.load_checkpoint_file(path)
     assert 'OrderedDict' not in HistoryBuffer._statistics_methods
+
+
+# A dtype with an object field whose pickled state clears numpy's "holds references" flags:
+# numpy then fills the array from the file's raw bytes and later reads them as an object
+# pointer (a crash, or worse, when anything touches the value).
+class ForgedDtype:
+    def __init__(self, flags=0):
+        self.flags = flags
+
+    def __reduce__(self):
+        return (np.dtype, ('V8', False, True),
+                (3, '|', None, ('a', ), {'a': (np.dtype('O'), 0)}, 8, 1, self.flags))
+
+
+class ForgedArray:
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __reduce__(self):
+        multiarray = (np._core if hasattr(np, '_core') else np.core).multiarray
+        return (multiarray._reconstruct, (np.ndarray, (0, ), b'b'),
+                (1, (), self.dtype, False, b'\x41' * 8))
+
+
+class ForgedScalar:
+    def __reduce__(self):
+        multiarray = (np._core if hasattr(np, '_core') else np.core).multiarray
+        return (multiarray.scalar, (ForgedDtype(), b'\x41' * 8))
+
+
+def test_the_forgery_is_real_numpy_takes_the_bytes_for_a_pointer():
+    """Unpickled without the loader, the forged dtype claims to hold no objects."""
+    forged = pickle.loads(pickle.dumps(ForgedDtype()))
+    assert forged.fields['a'][0] == np.dtype('O') and not forged.hasobject
+
+
+def run_checkpoint_with(value, where):
+    buffer = HistoryBuffer()
+    buffer.update(1.0)
+    message_hub = {'log_scalars': {'train/loss': buffer}, 'runtime_info': {}}
+    meta = {'seed': np.int64(0), 'epoch': 1}
+    checkpoint = {'state_dict': {'w': torch.ones(1)}, 'message_hub': message_hub,
+                  'meta': meta}
+    {'message_hub': message_hub['runtime_info'], 'meta': meta}[where]['forged'] = value
+    return checkpoint
+
+
+@pytest.mark.parametrize('forged', ['array', 'scalar', 'dtype', 'object-dtype', 'in-a-list'])
+@pytest.mark.parametrize('where', ['message_hub', 'meta'])
+@pytest.mark.parametrize('force_unsafe', [False, True], ids=['default', 'force-no-weights-only'])
+def test_forged_numpy_data_is_refused_by_name(tmp_path, monkeypatch, forged, where,
+                                              force_unsafe):
+    if force_unsafe:
+        monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    value = {'array': ForgedArray(ForgedDtype()), 'scalar': ForgedScalar(),
+             'dtype': ForgedDtype(), 'object-dtype': ForgedArray(np.dtype('O')),
+             'in-a-list': [np.arange(2.), (ForgedArray(ForgedDtype()), )]}[forged]
+    path = tmp_path / 'forged.pth'
+    torch.save(run_checkpoint_with(value, where), path)
+    # numpy itself refuses an object array whose state is bytes: no place to name
+    named = (rf"refusing it: the checkpoint\['{where}'\].*'forged'.*numpy data of dtype"
+             if forged != 'object-dtype' else 'refusing to unpickle it: an object it pickles '
+             'cannot be rebuilt from the state it gives')
+    with pytest.raises(policy.UnsafeCheckpointError, match=named):
+        CheckpointLoader.load_checkpoint(str(path))
+
+
+def test_plain_numpy_data_of_every_numeric_kind_loads(tmp_path):
+    values = {str(dtype): np.zeros(3, dtype) for dtype in
+              ('bool', 'int8', 'uint8', 'int32', 'int64', 'float16', 'float32', 'float64',
+               'complex64', '>f4')}
+    values['scalar'], values['dtype'] = np.float32(2.5), np.dtype('int16')
+    path = tmp_path / 'plain.pth'
+    torch.save(run_checkpoint_with(values, 'meta'), path)
+    loaded = CheckpointLoader.load_checkpoint(str(path))['meta']['forged']
+    for key, value in values.items():
+        assert type(loaded[key]) is type(value) and np.array_equal(loaded[key], value), key

@@ -67,6 +67,9 @@ def parse_args(argv=None):
     parser.add_argument('--tolerance', type=float, default=1e-4,
                         help='largest allowed |exported - eager|, relative to the largest '
                         'output (default: 1e-4)')
+    parser.add_argument('--allow-non-finite', action='store_true',
+                        help='go on with NaN / Inf weights in the checkpoint (refused by '
+                        'default; the check against eager still fails on a NaN error)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, key=value (xxx=[a,b] for lists)')
     args = parser.parse_args(argv)
@@ -127,7 +130,8 @@ def main(argv=None):
     cfg = Config.fromfile(args.config)
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
-    model = ImageModel(build_model(cfg, args.checkpoint, backbone=args.backbone))
+    model = ImageModel(build_model(cfg, args.checkpoint, backbone=args.backbone,
+                        allow_non_finite=args.allow_non_finite))
     what = 'classifier (logits)' if model.is_classifier else \
         f'backbone ({type(model.backbone).__name__}, {model.backbone.attn_type})'
     print(f'Exporting the {what} with --format {args.format}, '

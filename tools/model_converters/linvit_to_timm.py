@@ -40,6 +40,9 @@ def parse_args(argv=None):
                         help='a timm model that takes any image size')
     parser.add_argument('--tolerance', type=float, default=1e-4,
                         help='largest allowed |timm - LinearViT| relative to the largest output')
+    parser.add_argument('--allow-non-finite', action='store_true',
+                        help='go on with NaN / Inf weights in the checkpoint (refused by '
+                        'default; the check against eager still fails on a NaN error)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, key=value (xxx=[a,b] for lists)')
     args = parser.parse_args(argv)
@@ -66,7 +69,8 @@ def main(argv=None):
     cfg = Config.fromfile(args.config)
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
-    model = build_model(cfg, args.checkpoint, backbone=args.backbone)
+    model = build_model(cfg, args.checkpoint, backbone=args.backbone,
+                        allow_non_finite=args.allow_non_finite)
     attn_cfg = cfg.model.get('backbone', cfg.model).get('attn_cfg')
     try:
         timm_model, spec = linvit_to_timm(model, attn_cfg=attn_cfg,

@@ -8,7 +8,8 @@ import zipfile
 
 import torch
 
-from .restoring import UnsafeCheckpointError, _restoring, _run_checkpoint_globals
+from .restoring import (UnsafeCheckpointError, _restoring, _run_checkpoint_globals,
+                        unsafe_numpy_data)
 
 
 def load_weights_only(path, map_location='cpu'):
@@ -82,11 +83,21 @@ def _load_safely(source, name, map_location):
             raise UnsafeCheckpointError(
                 f'{name}: refusing to unpickle it: {_refusal_reason(source, err)}. {advice}'
             ) from err
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as err:
+            # an allowed constructor (numpy's, say) rejected the state the file gives it
+            raise UnsafeCheckpointError(
+                f'{name}: refusing to unpickle it: an object it pickles cannot be rebuilt from '
+                f'the state it gives ({type(err).__name__}: {err}). {advice}') from err
         unfinished = restoration.unfinished()
         if unfinished:
             raise UnsafeCheckpointError(
                 f'{name}: refusing to unpickle it: it pickles {", ".join(unfinished)} without '
                 f'the state a genuine one has. {advice}')
+    forged = unsafe_numpy_data(checkpoint)
+    if forged:
+        raise UnsafeCheckpointError(
+            f'{name}: refusing it: {forged}. Run checkpoints hold numpy data of plain numeric '
+            f'or bool types only. {advice}')
     return checkpoint
 
 

@@ -208,3 +208,56 @@ def _run_checkpoint_globals():
                 if isinstance(cls, type) and issubclass(cls, np.dtype)]
     return tuple(allowed)
 
+
+
+def _dtype_problem(dtype):
+    """Why ``dtype`` is not a plain numeric or bool type, or None.
+
+    Only the type's structure is read: the flags that say whether a dtype holds object
+    pointers come from the pickle, which can clear them on a dtype with an object field, and
+    numpy would then take raw bytes of the file for pointers. A dtype is accepted only when it
+    equals, field for field and flag for flag, the one numpy builds from its type string.
+    """
+    import numpy as np
+    if dtype.kind not in 'biufc':
+        return f'dtype {dtype.str!r} (kind {dtype.kind!r})'
+    canonical = np.dtype(dtype.str)
+    if (type(dtype) is not type(canonical) or dtype.fields is not None
+            or dtype.names is not None or dtype.subdtype is not None
+            or dtype.shape != () or dtype.itemsize != canonical.itemsize
+            or dtype.flags != canonical.flags or dtype.alignment != canonical.alignment
+            or dtype.hasobject):
+        return f'dtype {dtype.str!r} whose pickled state does not match its type'
+    return None
+
+
+def unsafe_numpy_data(obj):
+    """Where a loaded checkpoint holds numpy data that is not plain numeric / bool data (an
+    array or scalar whose dtype is structured, of objects, or forged), as a message; or None."""
+    import numpy as np
+
+    seen = set()
+    stack = [(obj, 'the checkpoint')]
+    while stack:
+        value, where = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        dtype = None
+        if isinstance(value, np.dtype):
+            dtype = value
+        elif isinstance(value, (np.ndarray, np.generic)):
+            dtype = value.dtype
+        if dtype is not None:
+            problem = _dtype_problem(dtype)
+            if problem:
+                return f'{where} is numpy data of {problem}'
+            continue
+        if isinstance(value, dict):
+            stack += [(v, f'{where}[{k!r}]') for k, v in value.items()]
+            stack += [(k, f'a key of {where}') for k in value]
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack += [(v, f'{where}[{i}]') for i, v in enumerate(value)]
+        elif isinstance(value, (argparse.Namespace, _HistoryBufferRestorer.real())):
+            stack += [(v, f'{where}.{k}') for k, v in vars(value).items()]
+    return None
