@@ -8,9 +8,10 @@ the two operators have the same tensors. For models that hold a LinearViT,
 Runner is built, before the model's weights are initialised or anything is loaded) applies the
 rule of ``LinearViTCheckpoint``:
 
-* the record a checkpoint carries (``meta['linvit_mm']``: each LinearViT's operator and heads
-  per block, width, depth, patch size, extra tokens, and the stage of an aligner) must match
-  the model the config builds;
+* the record a checkpoint carries (``meta['linvit_mm']``: each LinearViT's operator, heads,
+  operator options that change what it computes (a feature map, a normaliser, eps, RoPE) and
+  attention window per block, width, depth, patch size, extra tokens, and the stage of an
+  aligner) must match the model the config builds;
 * every tensor of the model must be in the checkpoint with its shape, and the checkpoint may
   hold no other;
 * a run resumes only from a run checkpoint (optimizer and loop state) of the same model.
@@ -36,7 +37,7 @@ from mmengine.model import BaseTTAModel, is_model_wrapper
 from mmengine.registry import HOOKS
 
 from linvit_mm.staged import RECORD_KEY, checkpoint_record, find_linear_vits, model_record
-from linvit_mm.staged.record import ARCH_FIELDS, block_ranges
+from linvit_mm.staged.record import ARCH_FIELDS, block_ranges, option_differences
 from linvit_mm.transfer.formats import refuse_non_finite
 from linvit_mm.utils.checkpoint_state import state_problems
 
@@ -162,6 +163,9 @@ def _vit_differences(prefix, recorded, expected):
                            expected['attn_types'])
     problems += _per_block('num_heads', prefix, recorded.get('num_heads'),
                            expected['num_heads'])
+    problems += [f'{what} of blocks {block_ranges(blocks)} ({prefix}): checkpoint {have!r}, '
+                 f'config {want!r}'
+                 for what, blocks, have, want in option_differences(recorded, expected)]
     return problems
 
 

@@ -16,6 +16,7 @@ from mmengine.runner import Runner
 from linvit_mm.engine.strict_load import (CheckpointMismatchError, check_runner_checkpoint,
                                           pending_checkpoint)
 from linvit_mm.staged import RECORD_KEY
+from linvit_mm.utils.checkpoint import load_checkpoint_file
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / 'tests' / 'data' / 'configs' / 'tiny_cls_mini.py'
@@ -119,6 +120,37 @@ def test_training_checkpoints_record_the_model(relu_run):
     assert record['preprocessing'] == dict(mean=pytest.approx([123.675, 116.28, 103.53]),
                                            std=pytest.approx([58.395, 57.12, 57.375]),
                                            to_rgb=True)
+
+
+def test_training_checkpoints_record_the_options_and_windows(relu_run):
+    _, checkpoint = relu_run
+    described = load_checkpoint_file(checkpoint)['meta'][
+        RECORD_KEY]['backbones']['backbone.']
+    assert described['attn_options'] == [dict(eps=1e-6, rope=None)] * 2
+    assert described['window_sizes'] == [None, None]
+
+
+# Each of these models computes another function on the relu run's weights.
+@pytest.mark.parametrize('options, difference', [
+    (['model.backbone.attn_cfg.eps=0.001'],
+     "attn_cfg.eps of blocks 0-1 (backbone.): checkpoint 1e-06, config 0.001"),
+    (['model.backbone.window_size=2', 'model.backbone.window_block_indexes=[1]'],
+     "window_size of blocks 1 (backbone.): checkpoint None, config [2, 2]"),
+], ids=['eps', 'windows'])
+def test_resuming_or_testing_with_other_operator_options_is_refused(
+        relu_run, mini_data_root, tmp_path, loads, options, difference):
+    _, checkpoint = relu_run
+    with pytest.raises(CheckpointMismatchError) as error:
+        train(tmp_path, mini_data_root, '--resume', checkpoint,
+              options=[*options, f'train_cfg.max_iters={ITERS + 1}'])
+    assert difference in str(error.value)
+    with pytest.raises(CheckpointMismatchError, match=re.escape(difference)):
+        evaluate(checkpoint, tmp_path, mini_data_root, options=options)
+    assert loads == []
+    # the opt-out tests the other model on these weights, saying what differs
+    metrics, log = evaluate(checkpoint, tmp_path, mini_data_root, '--no-strict-load',
+                            options=options)
+    assert 'accuracy/top1' in metrics and difference in log
 
 
 @pytest.mark.parametrize('resume', ['path', 'auto'])

@@ -15,6 +15,7 @@ from mmpretrain.models.utils import LayerScale
 from mmpretrain.registry import MODELS
 from torch import nn
 
+from ..utils.options import bound_options
 from ..utils.rope import build_rope
 
 # A child of mmpretrain's model registry, so a lookup needs no default scope (mmdet and
@@ -65,11 +66,21 @@ def attention_class(attn_type):
 
 def build_attention(cfg, **kwargs):
     """Build an operator from its name (``build_attention('relu', embed_dims=..., ...)``) or
-    from a config dict whose ``type`` is the name."""
+    from a config dict whose ``type`` is the name.
+
+    Each switch is checked against the kind of its default first (a bool switch takes True
+    or False, not ``'False'`` or None; a number is finite). The operator records what it was
+    built with, defaults filled in, as ``built_options``: checkpoints carry the options that
+    change what it computes (:meth:`BaseAttention.computed_options`).
+    """
     if isinstance(cfg, dict):
         kwargs = {**{k: v for k, v in cfg.items() if k != 'type'}, **kwargs}
         cfg = cfg.get('type')
-    return attention_class(cfg)(**kwargs)
+    operator = attention_class(cfg)
+    options = bound_options(operator, f'the {operator.attn_type!r} operator', **kwargs)
+    attention = operator(**kwargs)
+    attention.built_options = options
+    return attention
 
 
 class BaseAttention(nn.Module, metaclass=ABCMeta):
@@ -226,6 +237,33 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
 
     def extra_repr(self):
         return f'attn_type={self.attn_type!r}, embed_dims={self.embed_dims}, heads={self.num_heads}'
+
+    # Constructor arguments that do not change what a trained operator computes: dropout acts
+    # in training only, and the bias and LayerScale show in the tensors a checkpoint holds.
+    options_outside_the_function = ('embed_dims', 'num_heads', 'qkv_bias', 'attn_drop',
+                                    'proj_drop', 'layer_scale_init_value')
+
+    def computed_options(self):
+        """The options this operator was built with that change what it computes from its
+        tensors (a feature map, a normaliser, an eps, RoPE), as plain values; None for an
+        operator built without :func:`build_attention`."""
+        options = getattr(self, 'built_options', None)
+        if options is None:
+            return None
+        return {name: _plain(value) for name, value in sorted(options.items())
+                if name not in self.options_outside_the_function}
+
+
+def _plain(value):
+    """Containers as plain dicts and lists, other objects by their repr: what a checkpoint's
+    meta holds and a weights-only load reads back."""
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
 
 
 def float32_state(*tensors):

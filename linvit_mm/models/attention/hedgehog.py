@@ -199,6 +199,9 @@ class HedgehogAttention(LinearMapAttention):
                            'feature pairs')
 
     options = LinearMapAttention.options + ('feature_map', 'tie_qk', 'feature_init')
+    # how the feature maps start, not what they compute once trained
+    options_outside_the_function = LinearMapAttention.options_outside_the_function + (
+        'feature_init', )
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0., feature_map='softmax', tie_qk=True,

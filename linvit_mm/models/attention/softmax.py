@@ -56,6 +56,8 @@ class SoftmaxAttention(BaseAttention):
     supports_attn_drop = True
 
     options = BaseAttention.options + ('fused', )
+    # SDPA or the explicit product: the same function
+    options_outside_the_function = BaseAttention.options_outside_the_function + ('fused', )
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0., fused=True):

@@ -2,6 +2,7 @@
 a model's arguments resolve to: the four sizes and every architecture switch."""
 import copy
 
+from ..utils.options import check_option_types
 from .arch_zoo import (ARCH_ALIASES, ARCH_ESSENTIALS, ARCH_SWITCH_DEFAULTS, ARCH_WORDS,
                        FAMILIES, FFN_TYPES, LINEAR_FAMILIES, OVERRIDABLE_SWITCHES)
 
@@ -79,6 +80,9 @@ def resolve_switches(arch, arch_settings, given):
 
 
 def check_switches(switches, given, arch_settings):
+    # patch_size is an int or a pair
+    check_option_types('LinearViT', {key: value for key, value in switches.items()
+                                      if key != 'patch_size'}, ARCH_SWITCH_DEFAULTS)
     if switches['pos_embed_type'] not in (None, ) + POS_EMBED_TYPES:
         raise ValueError(f"unsupported pos_embed_type {switches['pos_embed_type']!r}; choose "
                          f'from {POS_EMBED_TYPES}')

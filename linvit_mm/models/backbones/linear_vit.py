@@ -16,6 +16,7 @@ from mmpretrain.models.utils import build_norm_layer, to_2tuple
 from mmpretrain.registry import MODELS
 from torch import nn
 
+from ..utils.options import check_arguments
 from ..utils.rope import build_rope
 from .arch_settings import POS_EMBED_TYPES, build_arch_zoo, resolve_arch, resolve_switches
 from .arch_zoo import ARCH_ESSENTIALS, ARCH_SWITCH_DEFAULTS, FFN_TYPES, OVERRIDABLE_SWITCHES
@@ -168,6 +169,15 @@ class LinearViT(PositionEmbeddingMixin, BaseBackbone):
                  window_block_indexes=None,
                  init_cfg=None):
         super().__init__(init_cfg)
+        check_arguments(type(self).__init__, 'LinearViT', in_channels=in_channels,
+                        drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                        drop_path_rate=drop_path_rate, frozen_stages=frozen_stages,
+                        interpolate_mode=interpolate_mode, with_cp=with_cp,
+                        with_cls_token=(with_cls_token, bool))
+        for name, rate in dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                               drop_path_rate=drop_path_rate).items():
+            if not 0 <= rate < 1:
+                raise ValueError(f'LinearViT: {name} must be in [0, 1), got {rate}')
         self.arch_settings = self.resolve_arch(arch)
         self.embed_dims = self.arch_settings['embed_dims']
         self.num_layers = self.arch_settings['num_layers']

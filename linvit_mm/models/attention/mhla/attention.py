@@ -107,6 +107,9 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
     options = BaseAttention.options + ('num_blocks', 'block_size', 'mixing_init',
                                        'value_kernel_size', 'eps', 'feature_floor', 'qk_norm',
                                        'attn_norm', 'normaliser')
+    # how the block mixing starts, not what it computes once trained
+    options_outside_the_function = BaseAttention.options_outside_the_function + (
+        'mixing_init', )
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0., num_blocks=(2, 2), block_size=None,
