@@ -109,7 +109,7 @@ def _find_release(state, family):
     return LINEAR_RELEASES[match.source.name]
 
 
-def _sizes(state, release, num_heads=None):
+def _sizes(state, release, num_heads=None, force_num_heads=False):
     """``(arch, img_size, qkv_bias)`` from the tensors; the arch is a word where the sizes
     are one's."""
     for key in ('patch_embed.proj.weight', 'blocks.0.mlp.fc1.weight', release.heads_from,
@@ -132,6 +132,15 @@ def _sizes(state, release, num_heads=None):
     if found is not None and num_heads and found != num_heads:
         raise ValueError(f'num_heads={num_heads} was given, but {release.heads_from} of shape '
                          f'{tuple(state[release.heads_from].shape)} holds {found} heads')
+    released = {width: heads for width, heads in release.arch_words.values()}
+    if (found is None and embed_dims in released and num_heads != released[embed_dims]
+            and not force_num_heads):
+        raise ValueError(f'num_heads={num_heads} was given for a {release.description} of '
+                         f'width {embed_dims}, which is released with {released[embed_dims]} '
+                         f'heads; its tensors would load into {num_heads} heads and compute '
+                         f'another function. Leave the count out, or force it '
+                         f'(--force-num-heads) for a model of your own trained with '
+                         f'{num_heads} heads')
     num_heads = int(num_heads or found)
     if num_heads <= 0 or embed_dims % num_heads:
         raise ValueError(f'{num_heads} heads do not divide the width {embed_dims} '
@@ -161,7 +170,7 @@ def _sizes(state, release, num_heads=None):
     return arch, img_size, qkv_bias
 
 
-def convert_linear_release(checkpoint, family=None, num_heads=None):
+def convert_linear_release(checkpoint, family=None, num_heads=None, force_num_heads=False):
     """A release's tensors in LinearViT's names, and the LinearViT config that computes its
     forward.
 
@@ -171,7 +180,9 @@ def convert_linear_release(checkpoint, family=None, num_heads=None):
             keys.
         num_heads (int, optional): the head count, checked against the tensors where they
             hold it (ViT³, InLine); needed for an MHLA ViT of a width other than the
-            released 192 / 384 / 768, whose tensors do not hold it.
+            released 192 / 384 / 768, whose tensors do not hold it. At a released MHLA
+            width another count than the release's is refused unless ``force_num_heads``:
+            the tensors would load, and compute another function.
 
     Returns:
         ConvertedRelease
@@ -182,7 +193,9 @@ def convert_linear_release(checkpoint, family=None, num_heads=None):
     """
     state = release_state_dict(checkpoint)
     release = _find_release(state, family)
-    arch, img_size, qkv_bias = _sizes(state, release, num_heads)
+    from .formats import refuse_non_float
+    refuse_non_float(state, {}, f'the {release.description} checkpoint')
+    arch, img_size, qkv_bias = _sizes(state, release, num_heads, force_num_heads)
     # read before the tensors are reshaped: it checks the shapes it reads
     attn_cfg = dict(release.attn_cfg)
     if release.attn_cfg_from is not None:
@@ -228,8 +241,41 @@ def build_release_vit(converted):
     return LinearViT(**kwargs)
 
 
+# What the model computes beyond its tensors: a model that differs from the release's in one
+# of these loads every tensor and computes another network (a sin-cos position embedding the
+# release does not add, say).
+_FUNCTION_SWITCHES = ('with_cls_token', 'num_register_tokens', 'pos_embed_type',
+                      'no_embed_class', 'ffn_type', 'final_norm', 'pooled_norm')
+
+
+def _function_problems(vit, converted, reported_options):
+    """How ``vit`` computes another function than the release's model on the same tensors:
+    its switches and its blocks' operator options and windows; ``reported_options`` are
+    options already named."""
+    import torch
+
+    from linvit_mm.staged.record import describe_linear_vit, option_differences
+    with torch.device('meta'):  # the switches only: no memory, no init
+        reference = build_release_vit(converted)
+    switches = {name: (getattr(reference, name), getattr(vit, name))
+                for name in _FUNCTION_SWITCHES}
+    switches['pre_norm'] = tuple(type(m.pre_norm).__name__ != 'Identity'
+                                 for m in (reference, vit))
+    switches['norm eps'] = tuple(m.layers[0].ln1.eps for m in (reference, vit))
+    problems = [f'{name}: the release {have!r}, the model {want!r}'
+                for name, (have, want) in switches.items() if have != want]
+    if reference.attn_types == vit.attn_types:
+        problems += [
+            f'{what} of blocks {blocks}: the release {have!r}, the model {want!r}'
+            for what, blocks, have, want in option_differences(describe_linear_vit(reference),
+                                                               describe_linear_vit(vit))
+            if what.split('.')[-1] not in reported_options]
+    return problems
+
+
 def _operator_problems(vit, release):
-    problems = []
+    """``(problems, options they name)``."""
+    problems, named = [], set()
     wrong = [i for i, name in enumerate(vit.attn_types) if name != release.attn_type]
     if wrong:
         problems.append(f'blocks {wrong} run {sorted({vit.attn_types[i] for i in wrong})}, '
@@ -238,15 +284,17 @@ def _operator_problems(vit, release):
         other = [i for i, layer in enumerate(vit.layers)
                  if getattr(layer.attn, 'normaliser', None) != 'official']
         if other:
+            named.add('normaliser')
             problems.append(f"blocks {other} do not use the official normaliser (attn_cfg="
                             f"dict(normaliser='official')), which the release's blocks use")
     if release.name == 'inline':
         off = [i for i, layer in enumerate(vit.layers)
                if getattr(layer.attn, 'residual', None) is None]
         if off and not wrong:
+            named.add('residual')
             problems.append(f"blocks {off} have no local residual branch (attn_cfg=dict("
                             f"residual=True)), which the release's blocks use")
-    return problems
+    return problems, named
 
 
 def load_linear_release(vit, checkpoint, family=None, logger='current'):
@@ -270,7 +318,8 @@ def load_linear_release(vit, checkpoint, family=None, logger='current'):
     converted = (checkpoint if isinstance(checkpoint, ConvertedRelease)
                  else convert_linear_release(checkpoint, family))
     release, state = converted.release, converted.backbone
-    problems = _operator_problems(vit, release)
+    problems, named = _operator_problems(vit, release)
+    problems += _function_problems(vit, converted, named)
     expected = vit.state_dict()
     missing = [key for key in expected if key not in state]
     unexpected = [key for key in state if key not in expected]

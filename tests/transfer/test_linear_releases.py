@@ -4,6 +4,7 @@ official forward written out here from reading the official model code, and the 
 LinearViT held against it; the strict loader's refusals, by name."""
 import dataclasses
 import math
+import re
 from collections import OrderedDict
 
 import pytest
@@ -555,3 +556,53 @@ def test_a_release_that_is_cut_short_or_not_a_mapping_is_refused():
 def test_a_family_given_is_the_family_read():
     assert convert_linear_release(release_state('inline'), family='inline').release.name == \
         'inline'
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_an_integer_or_boolean_weight_is_refused_by_name(family):
+    state = release_state(family)
+    state['blocks.1.mlp.fc2.weight'] = state['blocks.1.mlp.fc2.weight'].to(torch.int8)
+    state['blocks.0.mlp.fc1.bias'] = state['blocks.0.mlp.fc1.bias'] > 0
+    with pytest.raises(ValueError, match=r'(?s)2 weight tensor\(s\) are not floating point.*'
+                                         r'blocks\.0\.mlp\.fc1\.bias: torch\.bool.*'
+                                         r'blocks\.1\.mlp\.fc2\.weight: torch\.int8'):
+        convert_linear_release(state, num_heads=NUM_HEADS[family])
+
+
+def test_another_head_count_at_a_released_mhla_width_is_refused_unless_forced():
+    state = release_state('mhla', width=192, depth=1, mlp=96)
+    assert convert_linear_release(state).model_cfg['arch']['num_heads'] == 3  # mhla-tiny's
+    assert convert_linear_release(state, num_heads=3).model_cfg['arch']['num_heads'] == 3
+    with pytest.raises(ValueError, match='num_heads=8 was given for a .* of width 192, which is '
+                                         'released with 3 heads.*--force-num-heads'):
+        convert_linear_release(state, num_heads=8)
+    forced = convert_linear_release(state, num_heads=8, force_num_heads=True)
+    assert forced.model_cfg['arch']['num_heads'] == 8
+
+
+@pytest.mark.parametrize('family, change, named', [
+    # a hand-written arch dict without the release's pos_embed_type: ttt's default sin-cos
+    ('vit3', dict(arch_without='pos_embed_type'), "pos_embed_type: the release 'none', the "
+                                                  "model 'sincos'"),
+    ('vit3', dict(attn_cfg=dict(inner_scale=0.5)),
+     'attn_cfg.inner_scale of blocks [0, 1]: the release 0.3333333333333333, the model 0.5'),
+    ('mhla', dict(attn_cfg=dict(feature_floor=0.5)),
+     'attn_cfg.feature_floor of blocks [0, 1]: the release 1e-06, the model 0.5'),
+    ('mhla', dict(norm_cfg=dict(type='LN', eps=1e-5)), 'norm eps: the release 1e-06, the model '
+                                                       '1e-05'),
+], ids=['added-sincos', 'inner-scale', 'mhla-floor', 'norm-eps'])
+def test_a_model_that_computes_another_function_on_the_release_is_refused(family, change, named):
+    converted = convert_linear_release(release_state(family), num_heads=NUM_HEADS[family])
+    cfg = {k: v for k, v in converted.model_cfg.items() if k != 'type'}
+    change = dict(change)
+    if 'arch_without' in change:
+        dropped = change.pop('arch_without')
+        cfg['arch'] = {k: v for k, v in cfg['arch'].items() if k != dropped}
+    vit = LinearViT(**{**cfg, **{k: v for k, v in change.items() if k != 'attn_cfg'},
+                       'attn_cfg': {**cfg.get('attn_cfg', {}), **change.get('attn_cfg', {})}})
+    # every tensor fits: the difference is in what the model computes with them
+    assert set(vit.state_dict()) == set(converted.backbone)
+    before = {k: v.clone() for k, v in vit.state_dict().items()}
+    with pytest.raises(ValueError, match=re.escape(named)):
+        load_linear_release(vit, converted)
+    assert all(torch.equal(v, before[k]) for k, v in vit.state_dict().items())

@@ -1,11 +1,13 @@
 """Convert a released linear-attention ViT (ViT³, InLine-DeiT, MHLA) into a LinearViT checkpoint.
 
     python tools/model_converters/linear_release_to_linvit.py SRC OUT \
-        [--family vit3|inline|mhla] [--num-heads N]
+        [--family vit3|inline|mhla] [--num-heads N [--force-num-heads]]
 
 The family is told from the keys unless ``--family`` names it; ``--num-heads`` is needed
 only for an MHLA ViT of a width other than the released 192 / 384 / 768 (its tensors do not
-hold the head count; elsewhere it is checked against them). Every tensor of the release
+hold the head count; elsewhere it is checked against them; at a released width another count
+than the release's is refused unless ``--force-num-heads``). Integer or boolean tensors are
+refused. Every tensor of the release
 must have a place in the LinearViT that computes the official forward (an unknown or missing
 one is an error naming it, and nothing is written). The output holds ``backbone.*`` and the
 classifier ``head.layers.head.*`` with the record of the ViT, so it loads strictly with
@@ -33,6 +35,9 @@ def parse_args(argv=None):
                         help='the release family (default: told from the keys)')
     parser.add_argument('--num-heads', type=int, default=None,
                         help='attention heads (MHLA ViTs of unreleased widths only need it)')
+    parser.add_argument('--force-num-heads', action='store_true',
+                        help='use --num-heads at a released MHLA width whose release has '
+                        'another count (a model of your own trained with that count)')
     return parser.parse_args(argv)
 
 
@@ -41,7 +46,8 @@ def main(argv=None):
     try:
         check_output_path(args.out, inputs=[args.src])
         converted = convert_linear_release(read_checkpoint(args.src, what='release checkpoint'),
-                                           args.family, num_heads=args.num_heads)
+                                           args.family, num_heads=args.num_heads,
+                                           force_num_heads=args.force_num_heads)
         checkpoint = converted_checkpoint(converted)
     except (FileNotFoundError, ValueError) as err:
         print(f'error: {err}', file=sys.stderr)

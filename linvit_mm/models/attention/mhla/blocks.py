@@ -60,8 +60,10 @@ def distance_mixing_matrix(num_blocks, mode='linear', dtype=None):
         raise ValueError(f'unknown mixing_init {mode!r}; valid choices are: '
                          f'{", ".join(MIXING_INITS)}')
     rows, cols = num_blocks
-    grid = torch.stack(torch.meshgrid(torch.arange(rows, dtype=torch.float64),
-                                      torch.arange(cols, dtype=torch.float64),
+    # on the CPU whatever the default device: a model built on the meta device (to read its
+    # structure) still gets its values, and the M x M matrix is small
+    grid = torch.stack(torch.meshgrid(torch.arange(rows, dtype=torch.float64, device='cpu'),
+                                      torch.arange(cols, dtype=torch.float64, device='cpu'),
                                       indexing='ij'), dim=-1).reshape(-1, 2)
     distance = torch.cdist(grid, grid)
     max_distance = distance.max()
