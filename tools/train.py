@@ -2,7 +2,8 @@
 
 Same command line as the upstream OpenMMLab tools::
 
-    python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--amp]
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]]
+        [--resume-lr-scale S] [--amp]
         [--auto-scale-lr] [--no-validate] [--no-strict-load] [--cfg-options k=v ...]
         [--launcher pytorch]
 
@@ -21,6 +22,7 @@ machine without CUDA, where the user set no thread count, ``default_hooks.cpu_th
 LINVIT_MM_TOOL = True
 import linvit_mm  # noqa: E402,F401  isort: skip
 import argparse
+import math
 import os.path as osp
 
 from mmengine.config import Config, DictAction
@@ -29,7 +31,8 @@ from mmengine.runner import Runner
 
 import linvit_mm.engine  # noqa: F401  (CPUAmpOptimWrapper, FiniteLossHook, atomic_local)
 from linvit_mm.engine.launch import (add_training_safeguards, configure_amp, configure_device,
-                                     default_work_dir, finalize_distributed, set_local_rank)
+                                     default_work_dir, finalize_distributed,
+                                     repair_last_checkpoint, set_local_rank)
 
 
 def parse_args(argv=None):
@@ -40,6 +43,10 @@ def parse_args(argv=None):
         '--resume', nargs='?', type=str, const='auto',
         help='resume from this checkpoint; without a path, from the latest checkpoint in '
         'the work dir')
+    parser.add_argument('--resume-lr-scale', type=float, metavar='S',
+                        help='with --resume: multiply the learning rate the run resumes with '
+                        '(restored from the checkpoint, whatever the config says) by S, e.g. '
+                        '0.5 after a divergence')
     parser.add_argument('--amp', action='store_true',
                         help='mixed precision (fp16 on CUDA, bf16 autocast on CPU)')
     parser.add_argument('--no-validate', action='store_true',
@@ -61,6 +68,13 @@ def parse_args(argv=None):
     # torch.distributed.launch passes --local-rank, older launchers --local_rank.
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
+    if args.resume_lr_scale is not None:
+        if args.resume is None:
+            parser.error('--resume-lr-scale scales the learning rate of a resumed run: give '
+                         '--resume too')
+        if not (math.isfinite(args.resume_lr_scale) and args.resume_lr_scale > 0):
+            parser.error(f'--resume-lr-scale must be a finite number > 0, got '
+                         f'{args.resume_lr_scale}')
     set_local_rank(args.local_rank)
     return args
 
@@ -84,6 +98,9 @@ def merge_args(cfg, args):
     elif args.resume is not None:
         cfg.resume = True
         cfg.load_from = args.resume
+    if args.resume_lr_scale is not None:
+        cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [
+            dict(type='ResumeLRScaleHook', scale=args.resume_lr_scale)]
 
     if args.no_strict_load:
         cfg.strict_load = False
@@ -114,6 +131,9 @@ def main(argv=None):
     cfg = merge_args(Config.fromfile(args.config), args)
     # Every run stops at a non-finite loss and writes its checkpoints atomically.
     notes = add_training_safeguards(cfg) + configure_device(cfg, args.launcher)
+    if cfg.get('resume') is True and cfg.get('load_from') is None:
+        repaired = repair_last_checkpoint(cfg.work_dir)
+        notes += [repaired] if repaired else []
     try:
         runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
         for note in notes:

@@ -9,6 +9,7 @@ loader of ``linvit_mm.utils.checkpoint``); whether a checkpoint fits the model i
 checked by ``linvit_mm.engine.strict_load``, which the tools call once the Runner is built.
 """
 import os
+import re
 import os.path as osp
 
 import torch
@@ -215,3 +216,38 @@ def default_work_dir(config_path):
 def set_local_rank(local_rank):
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(local_rank)
+
+
+_RUN_CHECKPOINT = re.compile(r'(?:epoch|iter)_(\d+)\.pth')
+
+
+def repair_last_checkpoint(work_dir):
+    """Make ``work_dir/last_checkpoint`` name a checkpoint that exists, before ``--resume``
+    reads it; returns a note for the log, or None when there was nothing to repair.
+
+    mmengine's ``CheckpointHook`` writes that file with a plain write after each save: a run
+    killed in that moment leaves it empty (or naming a file since removed), and a later
+    ``--resume`` fails with "can not be found". The checkpoints themselves are written
+    atomically (``atomic_local``), so the newest ``epoch_N.pth`` / ``iter_N.pth`` of the
+    work dir is whole: the file is rewritten, atomically, to name it. Without any, the stale
+    file is removed and the run starts from the beginning, as a run with no checkpoint does.
+    """
+    from .fileio.atomic_local_backend import AtomicLocalBackend
+    path = osp.join(work_dir, 'last_checkpoint')
+    if not osp.isfile(path):
+        return None
+    with open(path) as f:
+        named = f.read().strip()
+    if named and osp.isfile(named):
+        return None
+    found = sorted((int(match.group(1)), name) for name in os.listdir(work_dir)
+                   for match in [_RUN_CHECKPOINT.fullmatch(name)] if match)
+    problem = (f'{path} names {named!r}, which does not exist' if named
+               else f'{path} is empty (the run was stopped while writing it)')
+    if not found:
+        os.remove(path)
+        return f'{problem}, and the work dir holds no checkpoint: removed it; the run starts ' \
+               f'from the beginning'
+    newest = osp.join(work_dir, found[-1][1])
+    AtomicLocalBackend().put_text(newest, path)
+    return f'{problem}: it now names the newest checkpoint of the work dir, {newest}'

@@ -208,7 +208,9 @@ class FiniteLossHook(Hook):
     def _resume_advice(self, runner):
         if self._last_finite:
             return (f'the last finite checkpoint of this run is {self._last_finite}: once the '
-                    f'cause is fixed, resume from it (--resume {self._last_finite}).')
+                    f'cause is fixed, resume from it (--resume {self._last_finite}); a resume '
+                    f'restores the learning rate that diverged, whatever the config says, so '
+                    f'add --resume-lr-scale 0.5 (tools/train.py) to go on at half of it.')
         return (f'no finite checkpoint of this run was written (none in {runner.work_dir}); '
                 f'once the cause is fixed, start again.')
 
