@@ -2,6 +2,7 @@
 import math
 import re
 import types
+import uuid
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,9 @@ def diverging_cfg(work_dir, mini_data_root, max_iters, lr=1e6, **checkpoint):
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False,
                                         **(checkpoint or dict(interval=1)))
     cfg.default_hooks.check_loss = dict(type='FiniteLossHook')
+    # a run's message hub is named by config and second: two runs of one second would share
+    # it, the second reading the first one's 'last_ckpt'
+    cfg.experiment_name = f'diverging_{uuid.uuid4().hex[:12]}'
     return cfg
 
 
