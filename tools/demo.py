@@ -167,6 +167,9 @@ def dense_summary(dense, comparisons, budgets, sets):
 
 
 # ----------------------------------------------------------------------------- main
+MAX_SEED = 2**31 - 1
+
+
 def parse_args(argv=None):
     from linvit_mm.cpu_threads import usable_cores
     from linvit_mm.models.attention import attention_types
@@ -202,9 +205,10 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     for name in ('seeds', 'dense_seeds'):
         seeds = getattr(args, name)
-        if len(set(seeds)) != len(seeds) or min(seeds) < 0:
-            parser.error(f'--{name.replace("_", "-")} must be distinct non-negative integers, '
-                         f'got {seeds}')
+        # numpy takes seeds below 2**32, and the data loader workers add their rank and index
+        if len(set(seeds)) != len(seeds) or min(seeds) < 0 or max(seeds) > MAX_SEED:
+            parser.error(f'--{name.replace("_", "-")} must be distinct integers from 0 to '
+                         f'{MAX_SEED}, got {seeds}')
     if len(set(args.recipes)) != len(args.recipes):
         parser.error(f'--recipes names a recipe twice: {args.recipes}')
     for name in ('teacher_iters', 'transfer_iters', 'det_epochs', 'seg_iters', 'jobs'):

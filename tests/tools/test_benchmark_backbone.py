@@ -5,6 +5,7 @@ The measurement and the verdicts are tested in tests/utils/test_benchmark_backbo
 and tests/utils/test_benchmark_targets.py."""
 import csv
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,29 @@ def test_the_released_forms_of_hedgehog_and_inline_are_measured_by_name(bench):
     assert bench.parse_args(['--operators', 'softmax', 'hedgehog-untied', 'inline-residual',
                              '--no-memory']).operators == ['softmax', 'hedgehog-untied',
                                                            'inline-residual']
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--sizes', '0'], r'--sizes \[0\]: each size must be a positive multiple of the patch size '
+                       r'16 px'),
+    (['--sizes', '224', '-32'], r'--sizes \[-32\]'),
+    (['--sizes', '100'], r'--sizes \[100\]'),
+    (['--arch', '{"embed_dims": 0, "num_layers": 2, "num_heads": 1, '
+                '"feedforward_channels": 4}'], '--arch: every size must be >= 1'),
+    (['--max-retakes', '-1'], '--max-retakes must be >= 0, got -1'),
+    (['--max-background', '-1'], '--max-background is a number of busy cores >= 0'),
+    (['--max-background', 'nan'], '--max-background is a number of busy cores >= 0'),
+    (['--threads', '0'], '--threads must be >= 1'),
+], ids=['size-0', 'negative-size', 'not-a-multiple', 'arch-width-0', 'retakes', 'background',
+        'background-nan', 'threads'])
+def test_bad_arguments_are_refused_before_any_model_is_built(bench, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_an_out_dir_that_is_a_file_is_refused(bench, capsys, tmp_path):
+    (tmp_path / 'file').write_text('')
+    with pytest.raises(SystemExit):
+        bench.parse_args(['--out-dir', str(tmp_path / 'file')])
+    assert 'is a file, not a directory' in capsys.readouterr().err

@@ -46,7 +46,8 @@ def test_bar_chart_is_written(demo, tmp_path):
 
 @pytest.mark.parametrize('argv,message', [
     (['--seeds', '0', '0'], 'distinct'),
-    (['--seeds', '-1'], 'non-negative'),
+    (['--seeds', '-1'], 'integers from 0 to 2147483647'),
+    (['--seeds', '0', '4294967296'], 'integers from 0 to 2147483647, got [0, 4294967296]'),
     (['--recipes', 'copy', 'copy'], 'twice'),
     (['--transfer-iters', '2', '--recipes', 'staged-1-2-3'], 'each of the 3 stages'),
     (['--jobs', '0'], '--jobs must be >= 1'),
@@ -244,7 +245,8 @@ def test_the_dense_summary_holds_each_pairs_runs_rows_and_verdict(demo):
 
 @pytest.mark.parametrize('argv,message', [
     (['--dense-seeds', '1', '1'], '--dense-seeds must be distinct'),
-    (['--dense-seeds', '-2'], '--dense-seeds must be distinct non-negative'),
+    (['--dense-seeds', '-2'], '--dense-seeds must be distinct integers from 0'),
+    (['--dense-seeds', '2147483648'], '--dense-seeds must be distinct integers from 0'),
 ])
 def test_bad_dense_seeds_are_refused(demo, argv, message, capsys):
     with pytest.raises(SystemExit):

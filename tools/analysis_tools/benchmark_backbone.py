@@ -87,6 +87,7 @@ import linvit_mm  # noqa: E402,F401  isort: skip
 import argparse
 import csv
 import json
+import math
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -304,6 +305,32 @@ def parse_args(argv=None):
         parser.error(f'--operators: {err}')
     if args.repeats < 1 or args.warmup < 0:
         parser.error('--repeats must be >= 1 and --warmup >= 0')
+    arch = LinearViT.resolve_arch(args.arch)
+    sizes = {key: arch[key] for key in ('embed_dims', 'num_layers', 'num_heads',
+                                        'feedforward_channels')}
+    if min(sizes.values()) < 1 or sizes['embed_dims'] % sizes['num_heads']:
+        parser.error(f'--arch: every size must be >= 1 and num_heads must divide embed_dims, '
+                     f'got {sizes}')
+    patch = arch.get('patch_size', 16)
+    patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+    wrong = [size for size in args.sizes if size < patch or size % patch]
+    if wrong:
+        parser.error(f'--sizes {wrong}: each size must be a positive multiple of the patch size '
+                     f'{patch} px')
+    if (args.large_from is not None and args.large_from < 0) or (
+            args.large_repeats is not None and args.large_repeats < 1) or (
+            args.large_warmup is not None and args.large_warmup < 0):
+        parser.error('--large-from must be >= 0, --large-repeats >= 1 and --large-warmup >= 0')
+    if args.threads is not None and args.threads < 1:
+        parser.error(f'--threads must be >= 1, got {args.threads}')
+    if args.max_background is not None and not (
+            math.isfinite(args.max_background) and args.max_background >= 0):
+        parser.error(f'--max-background is a number of busy cores >= 0, got '
+                     f'{args.max_background} (a quiet moment below it could never come)')
+    if args.max_retakes < 0:
+        parser.error(f'--max-retakes must be >= 0, got {args.max_retakes}')
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        parser.error(f'--out-dir {args.out_dir!r} is a file, not a directory')
     if args.neighbour_steps < 1 or args.neighbour_warmup < 0 or args.neighbour_rounds < 1:
         parser.error('--neighbour-steps and --neighbour-rounds must be >= 1 and '
                      '--neighbour-warmup >= 0')

@@ -7,6 +7,7 @@ layers a Softmax checkpoint fills, and its multiply-accumulate count. The transf
 distillation hook, the benchmark tools and the demo read them from the class, so a new
 operator is one file (plus its tests) registered in :data:`ATTENTIONS`.
 """
+import contextlib
 from abc import ABCMeta, abstractmethod
 
 import torch
@@ -252,6 +253,16 @@ class BaseAttention(nn.Module, metaclass=ABCMeta):
             return None
         return {name: _plain(value) for name, value in sorted(options.items())
                 if name not in self.options_outside_the_function}
+
+
+def autocast_disabled(tensor):
+    """``torch.autocast(..., enabled=False)`` for ``tensor``'s device; nothing to switch off on
+    a device autocast does not know (the meta device, where a model is traced for its shapes,
+    has no autocast state and torch refuses to build the context for it)."""
+    device_type = tensor.device.type
+    if device_type == 'meta':
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, enabled=False)
 
 
 def _plain(value):

@@ -25,7 +25,7 @@ from torch import nn
 
 from ...ops.extension import kernels_apply
 from ...ops.hedgehog_core import hedgehog_attention
-from .base import WHOLE, float32_state, register_attention
+from .base import WHOLE, autocast_disabled, float32_state, register_attention
 from .map_attention import LinearMapAttention
 
 FEATURE_MAPS = ('softmax', 'exp')
@@ -79,7 +79,7 @@ def naive_hedgehog_attention(qkv, feature_proj, feature_map, key_feature_proj=No
     C = num_heads * d
     dtype = torch.promote_types(qkv.dtype, torch.float32)
     outs, maps = [], []
-    with torch.autocast(device_type=qkv.device.type, enabled=False):
+    with autocast_disabled(qkv):
         for h in range(num_heads):
             q, k, v = (qkv[..., p * C + h * d:p * C + (h + 1) * d].to(dtype) for p in range(3))
             key_weight = feature_proj if key_feature_proj is None else key_feature_proj
@@ -278,7 +278,7 @@ class HedgehogAttention(LinearMapAttention):
         # Without autograd, each N x 2d intermediate reuses the buffer of the one before: at
         # 16k tokens they are 50 MB each, and fresh ones cost page faults and bandwidth.
         in_place = not torch.is_grad_enabled()
-        with torch.autocast(device_type=v.device.type, enabled=False):
+        with autocast_disabled(v):
             q, k, v = float32_state(q, k, v)
             phi_k, key_max = self._key_features(
                 self.log_features(k, self.signed_proj(q.dtype, keys=True), in_place), in_place)
@@ -304,7 +304,7 @@ class HedgehogAttention(LinearMapAttention):
 
     def _map(self, q, k, rotation=None):
         """Row-normalised ``phi'(q) phi'(k)^T`` in float32 (class docstring)."""
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        with autocast_disabled(q):
             q, k = float32_state(q, k)
             phi_k, key_max = self._key_features(
                 self.log_features(k, self.signed_proj(q.dtype, keys=True)))

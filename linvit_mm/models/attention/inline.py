@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...ops.depthwise import depthwise3x3_tokens
-from .base import (float32_state, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
+from .base import (autocast_disabled, float32_state, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
                    register_attention)
 from .map_attention import LinearMapAttention
 from .ttt import naive_depthwise3x3
@@ -39,7 +39,7 @@ def naive_inline_attention(qkv, num_heads, rotations=None):
         tuple[Tensor, Tensor]: the output heads merged, ``(B, N, C)`` (before ``proj``), and
         the map ``(B, heads, N, N)``, both in float32 at least.
     """
-    with torch.autocast(device_type=qkv.device.type, enabled=False):
+    with autocast_disabled(qkv):
         q, k, v = naive_heads(naive_precision(qkv), num_heads)
         if rotations is not None:
             q, k = naive_rotate(rotations, q), naive_rotate(rotations, k)
@@ -58,7 +58,7 @@ def naive_inline_residual(x, qkv, residual, num_heads, hw_shape):
     row), and the branch is the zero-padded 3x3 depthwise convolution of the patch values
     (channel ``h d + j`` of value head ``h``) with it, from :func:`naive_depthwise3x3`;
     extra tokens get nothing. Returns ``(B, N, C)`` in float32 at least."""
-    with torch.autocast(device_type=qkv.device.type, enabled=False):
+    with autocast_disabled(qkv):
         _, _, v = naive_heads(naive_precision(qkv), num_heads)
         values = naive_merge_heads(v)                                            # (B, N, C)
         C = values.shape[-1]
@@ -78,8 +78,9 @@ def grouped_pointwise(conv, rows):
     length 1, a hundred times its arithmetic."""
     groups = conv.groups
     weight = conv.weight.view(groups, conv.out_channels // groups, conv.in_channels // groups)
-    out = rows.view(rows.shape[0], groups, 1, -1) @ weight.transpose(1, 2)
-    out = out.view(rows.shape[0], -1)
+    # explicit sizes: a batch of 0 images leaves -1 undetermined
+    out = rows.view(rows.shape[0], groups, 1, conv.in_channels // groups) @ weight.transpose(1, 2)
+    out = out.view(rows.shape[0], conv.out_channels)
     return out if conv.bias is None else out + conv.bias
 
 
@@ -143,13 +144,16 @@ class InLineAttention(LinearMapAttention):
         kernels = grouped_pointwise(second, hidden).reshape(B, C, 9)
         # the heads' view of the fused qkv is token-major already: no copy
         patches = v[:, :, num_extra:].transpose(1, 2).reshape(B, H * W, C)
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with autocast_disabled(x):
             patches, kernels = float32_state(patches, kernels)
             taps = kernels.to(patches.dtype).transpose(1, 2).contiguous()
             local = depthwise3x3_tokens(patches, taps, hw_shape)
         return F.pad(local, (0, 0, num_extra, 0))
 
     def forward(self, x, hw_shape):
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            # nothing to attend: no image, or no token to average over (a 0 x 0 grid)
+            return self.project(x * 0)  # empty; x * 0 keeps the graph to x
         q, k, v, rotation = self._heads(x, hw_shape)
         out = self.merge_heads(self._linear(q, k, v, rotation))
         if self.residual is not None:
@@ -159,7 +163,7 @@ class InLineAttention(LinearMapAttention):
     def _linear(self, q, k, v, rotation=None):
         out_dtype = v.dtype
         num_tokens = q.shape[-2]
-        with torch.autocast(device_type=v.device.type, enabled=False):
+        with autocast_disabled(v):
             q, k, v = float32_state(q, k, v)
             if rotation is not None:
                 q, k = rotation.rotate(q), rotation.rotate(k)
@@ -171,7 +175,7 @@ class InLineAttention(LinearMapAttention):
 
     def _map(self, q, k, rotation=None):
         num_tokens = q.shape[-2]
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        with autocast_disabled(q):
             q, k = float32_state(q, k)
             if rotation is not None:
                 q, k = rotation.rotate(q), rotation.rotate(k)

@@ -8,7 +8,7 @@ the feature map ``phi``.
 import torch
 import torch.nn.functional as F
 
-from .base import (float32_state, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
+from .base import (autocast_disabled, float32_state, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
                    register_attention)
 from .map_attention import LinearMapAttention
 
@@ -63,7 +63,7 @@ def naive_kernel_attention(qkv, num_heads, feature_map, eps, rotations=None):
         the map ``(B, heads, N, N)``, both in float32 at least.
     """
     phi = NAIVE_FEATURE_MAPS[feature_map]
-    with torch.autocast(device_type=qkv.device.type, enabled=False):
+    with autocast_disabled(qkv):
         q, k, v = naive_heads(naive_precision(qkv), num_heads)
         phi_q, phi_k = phi(q), phi(k)
         normaliser = (phi_q @ phi_k.transpose(-2, -1)).sum(dim=-1, keepdim=True) + eps
@@ -127,7 +127,7 @@ class KernelAttention(LinearMapAttention):
 
     def _linear(self, q, k, v, rotation=None):
         out_dtype = v.dtype
-        with torch.autocast(device_type=v.device.type, enabled=False):
+        with autocast_disabled(v):
             q, k, v = float32_state(q, k, v)
             q, k = self._features(q, k)
             normaliser = q @ k.sum(dim=-2).unsqueeze(-1)        # (B, h, N, 1)
@@ -140,7 +140,7 @@ class KernelAttention(LinearMapAttention):
     def _map(self, q, k, rotation=None):
         """Row-normalised ``phi(q) phi(k)^T`` (numerator rotated by RoPE, if any), computed
         like the fast path (float32 state)."""
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        with autocast_disabled(q):
             q, k = float32_state(q, k)
             q, k = self._features(q, k)
             scores = q @ k.transpose(-2, -1)

@@ -4,7 +4,7 @@ from abc import abstractmethod
 import torch
 from torch import nn
 
-from .base import BaseAttention, float32_state
+from .base import BaseAttention, autocast_disabled, float32_state
 
 
 class LinearMapAttention(BaseAttention):
@@ -50,7 +50,7 @@ class LinearMapAttention(BaseAttention):
 
     def _with_map(self, q, k, v, rotation=None):
         attn = self._map(q, k, rotation)
-        with torch.autocast(device_type=v.device.type, enabled=False):
+        with autocast_disabled(v):
             out = attn @ float32_state(v)[0]
         return out.to(v.dtype), attn
 

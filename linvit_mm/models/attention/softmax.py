@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import (BaseAttention, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
+from .base import (BaseAttention, autocast_disabled, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
                    register_attention)
 
 
@@ -25,7 +25,7 @@ def naive_softmax_attention(qkv, num_heads, rotations=None, dropout_p=0., traini
         tuple[Tensor, Tensor]: the output heads merged, ``(B, N, C)`` (before ``proj``), and
         the map before dropout ``(B, heads, N, N)``, both in float32 at least.
     """
-    with torch.autocast(device_type=qkv.device.type, enabled=False):
+    with autocast_disabled(qkv):
         q, k, v = naive_heads(naive_precision(qkv), num_heads)
         if rotations is not None:
             q, k = naive_rotate(rotations, q), naive_rotate(rotations, k)

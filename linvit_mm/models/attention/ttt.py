@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...ops import position_code, ttt_inner_step
-from .base import LEADING_ROWS, OWN_INIT, BaseAttention, float32_state, register_attention
+from .base import (LEADING_ROWS, OWN_INIT, BaseAttention, autocast_disabled, float32_state,
+                   register_attention)
 
 # The conv inner model has one channel and a 3x3 kernel: "head dim" 9.
 DEFAULT_INNER_SCALE = 9**-0.5
@@ -128,9 +129,9 @@ def naive_ttt_inner(qkv, w1, w2, w3, num_extra, hw_shape, inner_scale, rotations
     return torch.cat(readouts + [torch.cat(conv_out, dim=0)], dim=-1)
 
 
-def _inner_precision(device_type):
+def _inner_precision(like):
     """No autocast inside the inner step: its token sums lose too much in fp16 / bf16."""
-    return torch.autocast(device_type=device_type, enabled=False)
+    return autocast_disabled(like)
 
 
 @register_attention('ttt')
@@ -243,8 +244,12 @@ class TTTAttention(BaseAttention):
 
     def forward(self, x, hw_shape):
         num_extra = self.num_extra_tokens(x, hw_shape)
+        if hw_shape[0] * hw_shape[1] == 0:
+            raise ValueError(f'the ttt operator fits its inner weights to the patch tokens: '
+                             f'the patch grid must be at least 1x1, got '
+                             f'{hw_shape[0]}x{hw_shape[1]}')
         qkv = self.qkv(x)
-        with _inner_precision(x.device.type):
+        with _inner_precision(x):
             inner_out = self._inner(self._rotate_qk(qkv, hw_shape, num_extra), num_extra,
                                     hw_shape)
         return self.project(inner_out.to(qkv.dtype))
@@ -270,7 +275,7 @@ class TTTAttention(BaseAttention):
             qkv = self.qkv(x)
             dtype = torch.promote_types(qkv.dtype, torch.float32)
             rotations = self.rotation_matrices(hw_shape, num_extra, qkv)
-            with torch.autocast(device_type=x.device.type, enabled=False):
+            with autocast_disabled(x):
                 w1, w2, w3 = (t.to(dtype) for t in (self.w1[0], self.w2[0], self.w3[:, 0]))
                 if rotations is not None:
                     rotations = rotations.to(dtype)

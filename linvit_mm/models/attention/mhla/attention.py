@@ -8,7 +8,7 @@ from torch import nn
 from ....ops import depthwise_conv2d
 from ....ops.extension import kernels_apply
 from ....ops.mhla_core import mhla_attention
-from ..base import BaseAttention, float32_state, register_attention
+from ..base import BaseAttention, autocast_disabled, float32_state, register_attention
 from .blocks import (BlockLayout, _pair, blocks_to_tokens, distance_mixing_matrix, padding_mask,
                      to_blocks)
 from .reference import MHLAReference
@@ -218,7 +218,9 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
 
         def heads(t, tokens, parts):
             """``(B, N, parts*C)`` -> ``(parts, B, h, tokens, d)`` view of those tokens."""
-            return t[:, tokens].reshape(B, -1, parts, h, d).permute(2, 0, 3, 1, 4)
+            picked = t[:, tokens]
+            # the token count given: a batch of 0 images leaves -1 undetermined
+            return picked.reshape(B, picked.shape[1], parts, h, d).permute(2, 0, 3, 1, 4)
 
         def summaries(keys, summary_keys, values):
             """``S`` ``(..., d, d)`` and ``z`` ``(..., d)``; under the consistent normaliser
@@ -227,7 +229,7 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
             return torch.cat([summary, z.unsqueeze(-1)], dim=-1) if consistent else summary, z
 
         patches = slice(num_extra, None)
-        with torch.autocast(device_type=v.device.type, enabled=False):
+        with autocast_disabled(v):
             qk_blocks, v_blocks, mixing = float32_state(
                 to_blocks(heads(qk, patches, 2), hw_shape, layout),
                 to_blocks(heads(v, patches, 1), hw_shape, layout).squeeze(0),
@@ -294,6 +296,8 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
     def forward(self, x, hw_shape):
         num_extra = self.num_extra_tokens(x, hw_shape)
         layout = self.block_layout(hw_shape)  # rejects an empty grid before any work
+        if x.shape[0] == 0:  # no image: nothing to attend
+            return self.project(x * 0)  # empty; x * 0 keeps the graph to x
         x = self.norm(x)
         # split rather than slicing: its backward concatenates the gradients instead of
         # zero-filling a qkv-sized one per slice

@@ -5,6 +5,8 @@ in one form shows up as a disagreement with the other."""
 import torch
 from torch import nn
 
+from ..base import autocast_disabled
+
 
 class MHLAReference:
     """``forward_reference`` and its tables for :class:`MultiHeadLinearAttention`, which
@@ -130,7 +132,7 @@ class MHLAReference:
         out_dtype = values.dtype
         # the state sums of the fast form run in float32 at least; so does this form
         compute_dtype = torch.promote_types(out_dtype, torch.float32)
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with autocast_disabled(x):
             q, k, v = (t.to(compute_dtype).reshape(B, N, h, d).transpose(1, 2)
                        for t in (q, k, values))                             # (B, h, N, d)
             phi_q, phi_k = (torch.where(t > 0, t, 0.) + self.feature_floor for t in (q, k))
