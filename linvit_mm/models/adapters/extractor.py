@@ -2,12 +2,11 @@
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
-from mmcv.ops import MultiScaleDeformableAttention
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import nn
 
-from .multi_scale import DeformableInputs, flatten_maps, split_maps
+from .multi_scale import DeformableInputs, build_deformable_attention, flatten_maps, split_maps
 from .spatial_prior import kaiming_fan_out_
 
 
@@ -64,7 +63,7 @@ class Extractor(BaseModule):
         self.with_cp = with_cp
         self.query_norm = build_norm_layer(norm_cfg, embed_dims)[1]
         self.feat_norm = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.attn = MultiScaleDeformableAttention(
+        self.attn = build_deformable_attention(
             embed_dims=embed_dims, num_heads=num_heads, num_levels=num_levels,
             num_points=num_points, dropout=0., batch_first=True,
             value_proj_ratio=deform_ratio)

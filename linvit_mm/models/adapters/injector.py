@@ -2,11 +2,10 @@
 import torch
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
-from mmcv.ops import MultiScaleDeformableAttention
 from mmengine.model import BaseModule
 from torch import nn
 
-from .multi_scale import DeformableInputs
+from .multi_scale import DeformableInputs, build_deformable_attention
 
 
 class Injector(BaseModule):
@@ -38,7 +37,7 @@ class Injector(BaseModule):
         self.init_values = init_values
         self.query_norm = build_norm_layer(norm_cfg, embed_dims)[1]
         self.feat_norm = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.attn = MultiScaleDeformableAttention(
+        self.attn = build_deformable_attention(
             embed_dims=embed_dims, num_heads=num_heads, num_levels=num_levels,
             num_points=num_points, dropout=0., batch_first=True,
             value_proj_ratio=deform_ratio)

@@ -25,6 +25,20 @@ class DeformableInputs(NamedTuple):
     level_start_index: torch.Tensor
 
 
+def build_deformable_attention(**kwargs):
+    """mmcv's ``MultiScaleDeformableAttention(**kwargs)``, imported here rather than with the
+    package: it is the one part of linvit_mm's models that needs mmcv's compiled ops, so the
+    operators, LinearViT and the plain pyramid import and run with ``mmcv-lite`` too."""
+    try:
+        from mmcv.ops import MultiScaleDeformableAttention
+    except ImportError as err:
+        raise ImportError(
+            f"the ViT-Adapter's multi-scale deformable attention needs mmcv's compiled ops, "
+            f'which this mmcv lacks ({err}); install the full mmcv (bash tools/setup_env.sh, '
+            f'or mim install "mmcv>=2.0.0,<2.2.0"), not mmcv-lite') from err
+    return MultiScaleDeformableAttention(**kwargs)
+
+
 def grid_reference_points(grid_shapes: Sequence[GridShape], like: torch.Tensor,
                           extent_ratio: Tuple[float, float] = (1., 1.)) -> torch.Tensor:
     """Cell centres of each grid in turn, normalised by the area the value maps tile.
