@@ -22,7 +22,8 @@ machine without CUDA, where the user set no thread count, ``default_hooks.cpu_th
 * mmseg: a directory: the evaluator (its ``output_dir``) writes each image's predicted
   segmentation map there as a PNG, and the metrics are computed as usual.
 
-``--amp`` runs the test loop under autocast (fp16 on CUDA, bf16 on a CPU);
+``--amp`` runs the test loop under bf16 autocast (fp16 on GPUs without bf16, or with
+``--amp-dtype fp16``);
 ``--no-pin-memory`` turns ``pin_memory`` off in the test dataloader.
 """
 # Declared before the first import: linvit_mm, imported first, then chooses this process's
@@ -40,8 +41,8 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import linvit_mm.engine  # noqa: F401
-from linvit_mm.engine.launch import (configure_device, default_work_dir, finalize_distributed,
-                                     set_local_rank)
+from linvit_mm.engine.launch import (amp_dtype, configure_device, default_work_dir,
+                                     finalize_distributed, set_local_rank)
 from linvit_mm.engine.optim_wrapper import cpu_has_native_bf16
 
 PICKLE_SUFFIXES = ('.pkl', '.pickle')
@@ -62,7 +63,9 @@ def parse_args(argv=None):
                         help='mmpretrain: what --out holds, the predictions (default) or the '
                         'metrics')
     parser.add_argument('--amp', action='store_true',
-                        help='test under autocast (fp16 on CUDA, bf16 on a CPU)')
+                        help='test under autocast: bf16 (fp16 on GPUs without bf16)')
+    parser.add_argument('--amp-dtype', choices=['bf16', 'fp16'],
+                        help='with --amp on CUDA: this autocast dtype instead')
     parser.add_argument('--no-pin-memory', action='store_true',
                         help='disable pin_memory in the test dataloader')
     parser.add_argument('--show-dir',
@@ -86,6 +89,8 @@ def parse_args(argv=None):
                         default='none', help='job launcher')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
+    if args.amp_dtype is not None and not args.amp:
+        parser.error('--amp-dtype chooses the dtype of --amp: give --amp too')
     set_local_rank(args.local_rank)
     return args
 
@@ -135,7 +140,11 @@ def merge_args(cfg, args):
         cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
 
     if args.amp:
-        # mmengine's test loop autocasts when fp16 is set: fp16 on CUDA, bf16 on a CPU
+        # mmengine's test loop autocasts when fp16 is set, to torch's autocast dtype of the
+        # device: set to bf16 where it is the choice (a CPU autocasts to bf16 only)
+        dtype = amp_dtype(args.amp_dtype)
+        if torch.cuda.is_available():
+            torch.set_autocast_dtype('cuda', dtype)
         cfg.test_cfg = ConfigDict(cfg.get('test_cfg') or {})
         cfg.test_cfg.fp16 = True
     if args.no_pin_memory and cfg.get('test_dataloader') is not None:

@@ -3,7 +3,7 @@
 Same command line as the upstream OpenMMLab tools::
 
     python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]]
-        [--resume-lr-scale S] [--amp]
+        [--resume-lr-scale S] [--amp [--amp-dtype {bf16,fp16}]]
         [--auto-scale-lr] [--no-validate] [--no-strict-load] [--cfg-options k=v ...]
         [--launcher pytorch]
 
@@ -48,7 +48,10 @@ def parse_args(argv=None):
                         '(restored from the checkpoint, whatever the config says) by S, e.g. '
                         '0.5 after a divergence')
     parser.add_argument('--amp', action='store_true',
-                        help='mixed precision (fp16 on CUDA, bf16 autocast on CPU)')
+                        help='mixed precision: bf16 autocast (fp16 with loss scaling on GPUs '
+                        'without bf16); bf16 on a CPU')
+    parser.add_argument('--amp-dtype', choices=['bf16', 'fp16'],
+                        help='with --amp on CUDA: this autocast dtype instead')
     parser.add_argument('--no-validate', action='store_true',
                         help='do not evaluate checkpoints during training')
     parser.add_argument('--auto-scale-lr', action='store_true',
@@ -68,6 +71,8 @@ def parse_args(argv=None):
     # torch.distributed.launch passes --local-rank, older launchers --local_rank.
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
+    if args.amp_dtype is not None and not args.amp:
+        parser.error('--amp-dtype chooses the dtype of --amp: give --amp too')
     if args.resume_lr_scale is not None:
         if args.resume is None:
             parser.error('--resume-lr-scale scales the learning rate of a resumed run: give '
@@ -90,7 +95,7 @@ def merge_args(cfg, args):
         cfg.work_dir = default_work_dir(args.config)
 
     if args.amp:
-        configure_amp(cfg)
+        configure_amp(cfg, args.amp_dtype)
 
     if args.resume == 'auto':
         cfg.resume = True

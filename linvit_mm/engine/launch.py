@@ -119,18 +119,42 @@ def _cpu_strategy(strategy):
     return f'no CUDA: {kind} on CPU processes ({wrapper})'
 
 
-def configure_amp(cfg):
-    """``--amp``: fp16 with dynamic loss scaling on CUDA, bf16 autocast on CPU."""
+AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
+def amp_dtype(requested=None):
+    """The autocast dtype of ``--amp``: ``requested`` (``'bf16'`` / ``'fp16'``), else bf16
+    where the device computes in it (a CPU; a CUDA GPU that supports it, Ampere and later),
+    fp16 on older GPUs. bf16 keeps fp32's range: no loss scaling, no overflow of the linear
+    attention's sums. A CPU autocasts to bf16 only."""
+    if requested is not None and requested not in AMP_DTYPES:
+        raise ValueError(f'amp dtype {requested!r}: choose from {", ".join(AMP_DTYPES)}')
+    if not torch.cuda.is_available():
+        if requested == 'fp16':
+            raise ValueError('--amp-dtype fp16 needs CUDA: autocast on a CPU is bf16')
+        return torch.bfloat16
+    if requested is not None:
+        return AMP_DTYPES[requested]
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def configure_amp(cfg, requested=None):
+    """``--amp``: bf16 autocast (fp16 with dynamic loss scaling on GPUs without bf16, or when
+    ``requested='fp16'``); on a CPU, bf16 through ``CPUAmpOptimWrapper``. Returns a log note."""
     optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
     if optim_wrapper in ('AmpOptimWrapper', 'CPUAmpOptimWrapper'):
-        return
+        return f'--amp: the config already uses {optim_wrapper}'
     if optim_wrapper != 'OptimWrapper':
         raise ValueError(f'--amp replaces OptimWrapper, but this config uses {optim_wrapper}')
-    if torch.cuda.is_available():
-        cfg.optim_wrapper.type = 'AmpOptimWrapper'
-        cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
-    else:
+    dtype = amp_dtype(requested)
+    if not torch.cuda.is_available():
         cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
+        return '--amp: bf16 autocast on the CPU'
+    cfg.optim_wrapper.type = 'AmpOptimWrapper'
+    cfg.optim_wrapper.dtype = 'bfloat16' if dtype == torch.bfloat16 else 'float16'
+    if dtype == torch.float16:
+        cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    return f'--amp: {cfg.optim_wrapper.dtype} autocast on CUDA'
 
 
 def _hook_type_name(hook):
