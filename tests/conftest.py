@@ -2,9 +2,18 @@
 import contextlib
 import functools
 import logging
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Triton's interpreter runs the fused kernels on the CPU (tests/ops). It must be on before
+    # triton is first imported, by anything: its language library is decorated then. It
+    # changes nothing else: CPU tensors take the kernels only where a test asks
+    # (LINVIT_MM_FUSED=1), and inductor compiles C++ for the CPU.
+    os.environ.setdefault('TRITON_INTERPRET', '1')
 
 TINY_CONFIG = Path(__file__).parent / 'data' / 'configs' / 'tiny_cls_mini.py'
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from ...ops.extension import kernels_apply
 from ...ops.hedgehog_core import hedgehog_attention
+from ...ops.linear_attention import MAX_HEAD_DIMS, fused_applies, normalised_linear_attention
 from .base import WHOLE, autocast_disabled, float32_state, register_attention
 from .map_attention import LinearMapAttention
 
@@ -176,6 +177,9 @@ class HedgehogAttention(LinearMapAttention):
             LoLCATs' ``tie_qk_kernels: false``.
         feature_init (str): ``'identity'`` (default) or ``'kaiming_uniform'`` (LoLCATs'
             ``zero_init: false``); see above.
+        fused (bool): on CUDA, run the core on the fused Triton kernels of
+            :mod:`linvit_mm.ops.linear_attention` (heads of width up to 64: features of
+            width 2d); False, or ``LINVIT_MM_FUSED=0``, keeps the PyTorch form.
         rope: must be None (``rope_absent_because``).
         layer_scale_init_value (float): LayerScale after ``proj``, as in ``BaseAttention``.
     """
@@ -198,14 +202,15 @@ class HedgehogAttention(LinearMapAttention):
     rope_absent_because = ('its per-feature key scaling does not commute with rotated '
                            'feature pairs')
 
-    options = LinearMapAttention.options + ('feature_map', 'tie_qk', 'feature_init')
-    # how the feature maps start, not what they compute once trained
+    options = LinearMapAttention.options + ('feature_map', 'tie_qk', 'feature_init', 'fused')
+    # how the feature maps start, not what they compute once trained; the fused kernels
+    # compute the same function
     options_outside_the_function = LinearMapAttention.options_outside_the_function + (
-        'feature_init', )
+        'feature_init', 'fused')
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
                  rope=None, layer_scale_init_value=0., feature_map='softmax', tie_qk=True,
-                 feature_init='identity'):
+                 feature_init='identity', fused=True):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                          proj_drop=proj_drop, rope=rope,
                          layer_scale_init_value=layer_scale_init_value)
@@ -216,6 +221,7 @@ class HedgehogAttention(LinearMapAttention):
             raise ValueError(f'unknown feature_init {feature_init!r}; valid initialisations '
                              f'are: {", ".join(FEATURE_INITS)}')
         self.feature_map = feature_map
+        self.fused = fused
         self.tie_qk = bool(tie_qk)
         self.feature_init = feature_init
         shape = (num_heads, self.head_dims, self.head_dims)
@@ -269,7 +275,25 @@ class HedgehogAttention(LinearMapAttention):
         shifted = log_k.sub_(key_max) if self._writable(in_place) else log_k - key_max
         return shifted.exp_(), key_max
 
+    def _fused_linear(self, q, k, v):
+        """The core on the fused kernels (:mod:`linvit_mm.ops.linear_attention`), from
+        features shifted into (0, 1]: keys by each feature's maximum over the tokens, queries
+        by the same shift plus their own row maximum. The product of a query's and a key's
+        features, hence the output, does not change; the shifts carry no gradient."""
+        log_k = self.log_features(k, self.signed_proj(q.dtype, keys=True))
+        with torch.no_grad():
+            key_max = log_k.amax(dim=-2, keepdim=True)
+        log_q = self.log_features(q, self.signed_proj(q.dtype)) + key_max
+        with torch.no_grad():
+            row_max = log_q.amax(dim=-1, keepdim=True)
+        # every feature's largest key weighs 1: the key sums are >= 1, no eps needed
+        return normalised_linear_attention((log_q - row_max).exp(), (log_k - key_max).exp(),
+                                           v, 0., 'identity', fused=True)
+
     def _linear(self, q, k, v, rotation=None):
+        if (self.fused and 2 * self.head_dims <= MAX_HEAD_DIMS and fused_applies(q, k, v)
+                and not torch.compiler.is_exporting()):
+            return self._fused_linear(q, k, v)
         if kernels_apply(q, k, v, self.feature_proj, self.key_feature_proj()):
             # the same computation as below, fused (linvit_mm.ops.hedgehog_core)
             return hedgehog_attention(q, k, v, self.feature_proj, self.key_feature_proj(),

@@ -8,8 +8,9 @@ the feature map ``phi``.
 import torch
 import torch.nn.functional as F
 
-from .base import (autocast_disabled, float32_state, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
-                   register_attention)
+from ...ops.linear_attention import fused_applies, normalised_linear_attention
+from .base import (autocast_disabled, float32_state, naive_heads, naive_merge_heads,
+                   naive_precision, naive_rotate, register_attention)
 from .map_attention import LinearMapAttention
 
 
@@ -96,6 +97,11 @@ class KernelAttention(LinearMapAttention):
     ``d x d`` state. The map (``attention_map``) is ``A_ij = (R_i phi(q_i))^T (R_j phi(k_j))
     / (phi(q_i)^T sum_l phi(k_l) + eps)``; its rows no longer sum to one.
 
+    On CUDA (without RoPE) the core runs as the fused Triton kernels of
+    :mod:`linvit_mm.ops.linear_attention`: q, k and v read once per pass in their dtype (bf16
+    under autocast), products accumulated and the state kept in float32; ``fused=False`` (or
+    ``LINVIT_MM_FUSED=0``) keeps the PyTorch form, the same function.
+
     Args:
         feature_map (str): ``'elu'`` (``elu(x) + 1``) or ``'relu'``.
         eps (float): added to the normaliser. relu can zero a whole query (all its
@@ -103,12 +109,17 @@ class KernelAttention(LinearMapAttention):
             ``eps`` such a row reads zero instead of NaN. 1e-6 is far below the
             typical normaliser (a sum of N positive products, O(N)) and is
             representable in float32, where the division happens.
+        fused (bool): use the fused kernels where they apply (CUDA, no RoPE).
     """
 
-    options = LinearMapAttention.options + ('feature_map', 'eps')
+    options = LinearMapAttention.options + ('feature_map', 'eps', 'fused')
+    # the fused kernels compute the same function
+    options_outside_the_function = LinearMapAttention.options_outside_the_function + (
+        'fused', )
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 rope=None, layer_scale_init_value=0., feature_map='relu', eps=1e-6):
+                 rope=None, layer_scale_init_value=0., feature_map='relu', eps=1e-6,
+                 fused=True):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                          proj_drop=proj_drop, rope=rope,
                          layer_scale_init_value=layer_scale_init_value)
@@ -120,12 +131,17 @@ class KernelAttention(LinearMapAttention):
                              f'got {eps}')
         self.feature_map = feature_map
         self.eps = eps
+        self.fused = fused
 
     def _features(self, q, k):
         phi = FEATURE_MAPS[self.feature_map]
         return phi(q), phi(k)
 
     def _linear(self, q, k, v, rotation=None):
+        if (rotation is None and self.fused and fused_applies(q, k, v)
+                and not torch.compiler.is_exporting()):
+            # one Triton kernel per pass, in the heads' dtype with float32 accumulation
+            return normalised_linear_attention(q, k, v, self.eps, self.feature_map, fused=True)
         out_dtype = v.dtype
         with autocast_disabled(v):
             q, k, v = float32_state(q, k, v)
@@ -176,25 +192,25 @@ class KernelAttention(LinearMapAttention):
 class ELUAttention(KernelAttention):
     """Linear attention with ``phi = elu(x) + 1`` (Katharopoulos et al. 2020)."""
 
-    options = LinearMapAttention.options + ('eps', )
+    options = LinearMapAttention.options + ('eps', 'fused')
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 rope=None, layer_scale_init_value=0., eps=1e-6):
+                 rope=None, layer_scale_init_value=0., eps=1e-6, fused=True):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                          proj_drop=proj_drop, rope=rope,
                          layer_scale_init_value=layer_scale_init_value, feature_map='elu',
-                         eps=eps)
+                         eps=eps, fused=fused)
 
 
 @register_attention('relu')
 class ReLUAttention(KernelAttention):
     """Linear attention with ``phi = relu(x)``."""
 
-    options = LinearMapAttention.options + ('eps', )
+    options = LinearMapAttention.options + ('eps', 'fused')
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 rope=None, layer_scale_init_value=0., eps=1e-6):
+                 rope=None, layer_scale_init_value=0., eps=1e-6, fused=True):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                          proj_drop=proj_drop, rope=rope,
                          layer_scale_init_value=layer_scale_init_value, feature_map='relu',
-                         eps=eps)
+                         eps=eps, fused=fused)

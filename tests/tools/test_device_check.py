@@ -1,0 +1,41 @@
+"""tools/device_check.py, dry run: every section on the CPU at toy sizes (the fused kernels
+under Triton's interpreter), the JSON record and the table written."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow  # about 30 s: it runs the fused-kernel tests in a subprocess too
+def test_the_dry_run_fills_every_section(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / 'tools' / 'device_check.py'), '--dry-run',
+                          '--out', str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    record = json.loads((tmp_path / 'device_check.json').read_text())
+    sections = record['sections']
+    assert list(sections) == ['environment', 'tests', 'core', 'modules', 'training']
+    assert not [name for name, section in sections.items() if 'error' in section]
+    assert sections['tests']['result']['fused kernels']['returncode'] == 0
+    (core, ) = sections['core']['result']
+    assert core['fused_applies'] and core['fused_ms'] > 0 and core['flash_ms'] > 0
+    operators = {row['operator'] for row in sections['modules']['result']}
+    assert {'softmax', 'relu', 'relu (pytorch)', 'hedgehog (pytorch)', 'ttt'} <= operators
+    assert all('ms' in row for row in sections['modules']['result'])
+    assert all(row['finite'] for row in sections['training']['result'])
+    table = (tmp_path / 'device_check.md').read_text()
+    assert '## core' in table and '| relu (pytorch) |' in table
+
+
+def test_a_bad_budget_is_refused(capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('device_check', REPO / 'tools' /
+                                                  'device_check.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit):
+        module.parse_args(['--out', 'x', '--budget-s', '0'])
+    assert '--budget-s must be > 0' in capsys.readouterr().err
