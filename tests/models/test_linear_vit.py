@@ -216,6 +216,7 @@ def test_gradient_checkpointing_matches(attn_type):
         assert_rel_close(b.grad, a.grad, 1e-5, name)
 
 
+@pytest.mark.slow  # 12-16 s each on 2 cores
 @pytest.mark.parametrize('attn_type', OPERATORS)
 def test_bf16_autocast_at_16384_tokens_is_finite(attn_type):
     model = LinearViT(arch=dict(TINY, num_layers=1), attn_type=attn_type, img_size=64,
