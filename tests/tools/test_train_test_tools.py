@@ -159,6 +159,16 @@ def test_amp_on_cpu_trains_in_bf16(mini_data_root, tmp_path):
     assert bool(warned) == (cpu_has_native_bf16() is False)
 
 
+def test_mmengine_compile_option_trains_through_the_tool(mini_data_root, tmp_path):
+    """mmengine's ``compile`` option (``torch.compile`` of the model's train step) works
+    through tools/train.py; aot_eager traces what inductor would compile, without the
+    minutes of code generation on 2 cores."""
+    log = train(tmp_path, mini_data_root, '--no-validate',
+                options=['compile.backend=aot_eager'])
+    assert trained_iters(log) == [1, 2]
+    assert 'Model has been "compiled"' in log
+
+
 def test_test_tool_evaluates_and_dumps(trained_run, tmp_path, mini_data_root):
     work_dir, _ = trained_run
     out = tmp_path / 'preds.pkl'
