@@ -26,7 +26,7 @@ from torch import nn
 from ...ops.extension import kernels_apply
 from ...ops.hedgehog_core import hedgehog_attention
 from ...ops.linear_attention import MAX_HEAD_DIMS, fused_applies, normalised_linear_attention
-from .base import WHOLE, autocast_disabled, float32_state, register_attention
+from .base import WHOLE, autocast_disabled, float32_state, register_attention, state_inputs
 from .map_attention import LinearMapAttention
 
 FEATURE_MAPS = ('softmax', 'exp')
@@ -303,7 +303,7 @@ class HedgehogAttention(LinearMapAttention):
         # 16k tokens they are 50 MB each, and fresh ones cost page faults and bandwidth.
         in_place = not torch.is_grad_enabled()
         with autocast_disabled(v):
-            q, k, v = float32_state(q, k, v)
+            q, k, v = state_inputs(q, k, v)
             phi_k, key_max = self._key_features(
                 self.log_features(k, self.signed_proj(q.dtype, keys=True), in_place), in_place)
             # A ones column on the values carries the key sums z through the same product.

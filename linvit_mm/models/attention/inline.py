@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...ops.depthwise import depthwise3x3_tokens
-from .base import (autocast_disabled, float32_state, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
-                   register_attention)
+from .base import (autocast_disabled, float32_state, naive_heads, naive_merge_heads,
+                   naive_precision, naive_rotate, register_attention, state_inputs)
 from .map_attention import LinearMapAttention
 from .ttt import naive_depthwise3x3
 
@@ -145,7 +145,7 @@ class InLineAttention(LinearMapAttention):
         # the heads' view of the fused qkv is token-major already: no copy
         patches = v[:, :, num_extra:].transpose(1, 2).reshape(B, H * W, C)
         with autocast_disabled(x):
-            patches, kernels = float32_state(patches, kernels)
+            patches, kernels = state_inputs(patches, kernels)
             taps = kernels.to(patches.dtype).transpose(1, 2).contiguous()
             local = depthwise3x3_tokens(patches, taps, hw_shape)
         return F.pad(local, (0, 0, num_extra, 0))
@@ -164,7 +164,7 @@ class InLineAttention(LinearMapAttention):
         out_dtype = v.dtype
         num_tokens = q.shape[-2]
         with autocast_disabled(v):
-            q, k, v = float32_state(q, k, v)
+            q, k, v = state_inputs(q, k, v)
             if rotation is not None:
                 q, k = rotation.rotate(q), rotation.rotate(k)
             kv_state = (k.transpose(-2, -1) @ v) * (self.scale / num_tokens)   # (B, h, d, d)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ...ops.linear_attention import fused_applies, normalised_linear_attention
 from .base import (autocast_disabled, float32_state, naive_heads, naive_merge_heads,
-                   naive_precision, naive_rotate, register_attention)
+                   naive_precision, naive_rotate, register_attention, state_inputs)
 from .map_attention import LinearMapAttention
 
 
@@ -144,7 +144,7 @@ class KernelAttention(LinearMapAttention):
             return normalised_linear_attention(q, k, v, self.eps, self.feature_map, fused=True)
         out_dtype = v.dtype
         with autocast_disabled(v):
-            q, k, v = float32_state(q, k, v)
+            q, k, v = state_inputs(q, k, v)
             q, k = self._features(q, k)
             normaliser = q @ k.sum(dim=-2).unsqueeze(-1)        # (B, h, N, 1)
             if rotation is not None:

@@ -137,7 +137,8 @@ def largest_intermediate(fn):
 @contextlib.contextmanager
 def fast_helpers_broken(*more):
     """Within the block, the helpers the fast forms share raise when called: head split and
-    merge, the elementwise RoPE rotation and ``float32_state`` (in every attention module
+    merge, the elementwise RoPE rotation, ``float32_state`` and ``state_inputs`` (in every
+    attention module
     that imports it), plus each ``(owner, attribute name)`` of ``more``. An oracle that runs
     through the block shares none of them with the fast forms."""
 
@@ -146,9 +147,9 @@ def fast_helpers_broken(*more):
 
     targets = [(BaseAttention, 'split_heads'), (BaseAttention, 'merge_heads'),
                (GridRotation, 'rotate'), *more]
-    targets += [(module, 'float32_state') for name, module in list(sys.modules.items())
+    targets += [(module, helper) for name, module in list(sys.modules.items())
                 if name.startswith('linvit_mm.models.attention') and module is not None
-                and hasattr(module, 'float32_state')]
+                for helper in ('float32_state', 'state_inputs') if hasattr(module, helper)]
     with pytest.MonkeyPatch.context() as patch:
         for owner, attribute in targets:
             patch.setattr(owner, attribute, broken)

@@ -243,3 +243,12 @@ def test_layer_scale_scales_the_operator_output(attn_type, make_attention, token
         assert_rel_close(recorded[0], scaled.gamma1.weight * plain(x, hw), 1e-12, 'recorded')
     with pytest.raises(ValueError, match='layer_scale_init_value must be >= 0'):
         make_attention(attn_type, layer_scale_init_value=-1.)
+
+
+def test_state_inputs_upcast_fp16_only():
+    from linvit_mm.models.attention.base import float32_state, state_inputs
+    half, brain, single = (torch.ones(2, dtype=d) for d in (torch.float16, torch.bfloat16,
+                                                            torch.float32))
+    assert [t.dtype for t in state_inputs(half, brain, single)] == [
+        torch.float32, torch.bfloat16, torch.float32]
+    assert [t.dtype for t in float32_state(half, brain)] == [torch.float32] * 2

@@ -1,22 +1,24 @@
 """Every operator under bf16 autocast against its float32 O(N^2) oracle, outputs and input
 gradients, with the bounds stated here.
 
-Measured (CPU autocast, width 128, 2 heads, 257 tokens, worst of 3 seeds): outputs 4.8-5.5e-3
-of their largest value for every operator; input gradients 4.9-6.3e-3, mhla 1.4e-2, relu
-6.0e-2. The bounds leave about 2x. relu's gradient is not a fault: bf16 rounds the q and k
-entries near 0 to the other side of relu's kink on about 1 % of them, and there relu's
-derivative jumps from 0 to 1, so those entries' gradients differ by their whole size from the
-float32 model's; a ReLU network trained in bf16 sees the same. mhla's normaliser divides by
-block sums that bf16 rounds to ~3 digits.
+Measured (CPU autocast, width 128, 2 heads, 257 tokens, worst of 3 seeds; the fast forms keep
+bf16 q, k, v and states, products accumulating in float32): outputs 4.7-6.9e-3 of their
+largest value; input gradients 4.9e-3-1.4e-2 (hedgehog 1.1e-2, mhla 1.4e-2), relu 6.1e-2; at
+4097 tokens elu, hedgehog and inline stay there (4.2-5.1e-3, 6.0e-3-1.0e-2). The bounds leave
+about 2x. relu's gradient is not a fault: bf16 rounds the q and k entries near 0 to the other
+side of relu's kink on about 1 % of them, and there relu's derivative jumps from 0 to 1, so
+those entries' gradients differ by their whole size from the float32 model's; a ReLU network
+trained in bf16 sees the same. mhla's normaliser divides by block sums that bf16 rounds to
+about 3 digits.
 """
 import pytest
 import torch
 
 from linvit_mm.models.attention import attention_class, attention_types, build_attention
 
-OUTPUT_BOUND = 1e-2
+OUTPUT_BOUND = 1.5e-2
 GRAD_BOUNDS = {'relu': 1.2e-1, 'mhla': 3e-2}
-GRAD_BOUND = 1.3e-2
+GRAD_BOUND = 2.5e-2
 
 
 def relative(a, b):

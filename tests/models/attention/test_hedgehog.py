@@ -450,24 +450,22 @@ def test_misaligned_queries_and_keys_keep_their_map(feature_map, make_attention)
 
 
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_bf16_autocast_keeps_float32_states(feature_map, make_hedgehog, tokens, recorded_ops,
-                                            autocast_output):
+def test_bf16_autocast_keeps_q_k_v_and_states_in_bf16(feature_map, make_hedgehog, tokens,
+                                                      recorded_ops, autocast_output):
+    """No float32 copy of anything the size of q, k or v: bf16 has float32's range, and its
+    products accumulate in float32; only fp16 is upcast (state_inputs)."""
     module = make_hedgehog(feature_map, dtype=torch.float32)
     hw = (16, 16)
     x = tokens(hw, 1, dtype=torch.float32)
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
         q, k, v = module.split_heads(module.qkv(x))
-        ops = [(name, dtype) for name, dtype, _ in recorded_ops(lambda: module._linear(q, k, v))
-               if dtype.is_floating_point]
+        ops = recorded_ops(lambda: module._linear(q, k, v))
     assert q.dtype == torch.bfloat16
-    # Everything between the upcast of q, k, v and the final cast back runs in float32:
-    # W, the features, their shifts, the 2d x d state, the key sums and the read-out.
-    upcasts, body, final = ops[:3], ops[3:-1], ops[-1]
-    assert [dtype for _, dtype in upcasts] == [torch.float32] * 3
-    names = {name for name, _ in body}
+    large_float32 = [(name, numel) for name, dtype, numel in ops
+                     if dtype == torch.float32 and numel >= q.numel()]
+    assert not large_float32, large_float32
+    names = {name for name, _, _ in ops}
     assert {'bmm', 'exp_', 'div'} <= names and any('softmax' in name for name in names)
-    assert all(dtype == torch.float32 for _, dtype in body), body
-    assert final == ('_to_copy', torch.bfloat16)
     out, exact = autocast_output(module, x, hw, torch.bfloat16)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     # bf16 projections limit the accuracy to a few 1e-3.

@@ -8,7 +8,8 @@ from torch import nn
 from ....ops import depthwise_conv2d
 from ....ops.extension import kernels_apply
 from ....ops.mhla_core import mhla_attention
-from ..base import BaseAttention, autocast_disabled, float32_state, register_attention
+from ..base import (BaseAttention, autocast_disabled, float32_state, register_attention,
+                    state_inputs)
 from .blocks import (BlockLayout, _pair, blocks_to_tokens, distance_mixing_matrix, padding_mask,
                      to_blocks)
 from .reference import MHLAReference
@@ -230,10 +231,10 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
 
         patches = slice(num_extra, None)
         with autocast_disabled(v):
-            qk_blocks, v_blocks, mixing = float32_state(
+            qk_blocks, v_blocks = state_inputs(
                 to_blocks(heads(qk, patches, 2), hw_shape, layout),
-                to_blocks(heads(v, patches, 1), hw_shape, layout).squeeze(0),
-                self.block_mixing)                                          # v: (B, h, M, T, d)
+                to_blocks(heads(v, patches, 1), hw_shape, layout).squeeze(0))  # v: (B, h, M, T, d)
+            mixing = self.block_mixing.to(qk_blocks.dtype)
             q_blocks, k_blocks = self._stacked_features(qk_blocks).unbind(0)
             padded = layout.pads(hw_shape)
             if padded:
@@ -249,7 +250,7 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
             mixed = (mixing @ state.flatten(-2)).unflatten(-1, state.shape[-2:])
             if num_extra:
                 extras = slice(0, num_extra)
-                qk_extra, v_extra = float32_state(heads(qk, extras, 2),
+                qk_extra, v_extra = state_inputs(heads(qk, extras, 2),
                                                   heads(v, extras, 1).squeeze(0))
                 q_extra, k_extra = self._stacked_features(qk_extra).unbind(0)
                 extra_state, extra_z = summaries(k_extra, k_extra, v_extra)
