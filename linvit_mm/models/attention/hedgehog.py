@@ -145,9 +145,9 @@ class HedgehogAttention(LinearMapAttention):
     kernels (:mod:`linvit_mm.ops.hedgehog_core`), the same computation; the PyTorch form
     serves every other case and traced code.
 
-    Under autocast, ``W``, the features, the ``2d x d`` key-value state, the key sums and
-    the read-out run in float32 with autocast disabled (sums over N tokens lose mass in
-    bf16 and overflow fp16); the result returns to the dtype of the projections' output
+    Under autocast the fast form runs with autocast disabled, in bf16 as the
+    projections give it (products and sums accumulate in float32; only the stored state
+    rounds to bf16) or in float32 for fp16 (a sum over N tokens overflows fp16); the result returns to the dtype of the projections' output
     before ``proj``.
 
     Args:

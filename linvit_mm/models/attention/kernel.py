@@ -82,10 +82,10 @@ class KernelAttention(LinearMapAttention):
     positive scale of ``phi(q)``, and relu is positively homogeneous so a key scale
     cancels too; Softmax's temperature has no counterpart here.
 
-    Under autocast, the features, the key-value state, the normaliser and the
-    division run in float32 with autocast disabled (a sum over N tokens overflows
-    fp16 and loses mass in bf16); the result returns to the dtype of the
-    projections' output before ``proj``.
+    Under autocast the fast form runs with autocast disabled, in bf16 as the
+    projections give it (products and sums accumulate in float32; only the stored state
+    rounds to bf16) or in float32 for fp16 (a sum over N tokens overflows fp16); the result returns to the dtype of the projections' output
+    before ``proj``.
 
     RoPE (RoFormer, Su et al., Sec. 3.4.3): the rotation acts on the features, in the
     numerator only,
@@ -108,7 +108,7 @@ class KernelAttention(LinearMapAttention):
             components negative) or every key in a head, making ``0 / 0``; with
             ``eps`` such a row reads zero instead of NaN. 1e-6 is far below the
             typical normaliser (a sum of N positive products, O(N)) and is
-            representable in float32, where the division happens.
+            representable in bf16 and float32 alike.
         fused (bool): use the fused kernels where they apply (CUDA, no RoPE).
     """
 
