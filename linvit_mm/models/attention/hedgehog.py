@@ -145,10 +145,10 @@ class HedgehogAttention(LinearMapAttention):
     kernels (:mod:`linvit_mm.ops.hedgehog_core`), the same computation; the PyTorch form
     serves every other case and traced code.
 
-    Under autocast the fast form runs with autocast disabled, in bf16 as the
-    projections give it (products and sums accumulate in float32; only the stored state
-    rounds to bf16) or in float32 for fp16 (a sum over N tokens overflows fp16); the result returns to the dtype of the projections' output
-    before ``proj``.
+    Under autocast the fast form runs with autocast disabled, in bf16 as the projections give it
+    (products and sums accumulate in float32; only the stored state rounds to bf16) or in
+    float32 for fp16 (a sum over N tokens overflows fp16); the result returns to the dtype of
+    the projections' output before ``proj``.
 
     Args:
         feature_map (str): ``'softmax'`` (default) or ``'exp'``. Both are finite in float32

@@ -92,10 +92,10 @@ class InLineAttention(LinearMapAttention):
     of them, as in the official DeiT model (there ``n`` is the full sequence length
     and ``k.mean`` spans the class token).
 
-    Under autocast the fast form runs with autocast disabled, in bf16 as the
-    projections give it (products and sums accumulate in float32; only the stored state
-    rounds to bf16) or in float32 for fp16 (a sum over N tokens overflows fp16). The result returns to the dtype of the projections' output
-    before ``proj``.
+    Under autocast the fast form runs with autocast disabled, in bf16 as the projections give it
+    (products and sums accumulate in float32; only the stored state rounds to bf16) or in
+    float32 for fp16 (a sum over N tokens overflows fp16). The result returns to the dtype of
+    the projections' output before ``proj``.
 
     RoPE: queries and keys are rotated before everything else, as in Softmax attention,
     and the map is formed from the rotated ones (``k_mean`` is the mean of the rotated

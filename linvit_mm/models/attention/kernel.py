@@ -82,10 +82,10 @@ class KernelAttention(LinearMapAttention):
     positive scale of ``phi(q)``, and relu is positively homogeneous so a key scale
     cancels too; Softmax's temperature has no counterpart here.
 
-    Under autocast the fast form runs with autocast disabled, in bf16 as the
-    projections give it (products and sums accumulate in float32; only the stored state
-    rounds to bf16) or in float32 for fp16 (a sum over N tokens overflows fp16); the result returns to the dtype of the projections' output
-    before ``proj``.
+    Under autocast the fast form runs with autocast disabled, in bf16 as the projections give it
+    (products and sums accumulate in float32; only the stored state rounds to bf16) or in
+    float32 for fp16 (a sum over N tokens overflows fp16); the result returns to the dtype of
+    the projections' output before ``proj``.
 
     RoPE (RoFormer, Su et al., Sec. 3.4.3): the rotation acts on the features, in the
     numerator only,

@@ -3,8 +3,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import (BaseAttention, autocast_disabled, naive_heads, naive_merge_heads, naive_precision, naive_rotate,
-                   register_attention)
+from .base import (BaseAttention, autocast_disabled, naive_heads, naive_merge_heads,
+                   naive_precision, naive_rotate, register_attention)
 
 
 def naive_softmax_attention(qkv, num_heads, rotations=None, dropout_p=0., training=False):

@@ -45,10 +45,10 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
     unmixed sum over all tokens, i.e. plain linear attention. The value convolution
     touches patch tokens only.
 
-    Under autocast the fast form runs with autocast disabled, in bf16 as the
-    projections give it (products and sums accumulate in float32; only the stored state
-    rounds to bf16) or in float32 for fp16 (a sum over N tokens overflows fp16); the result returns to the projections' dtype before the value
-    convolution is added. Queries and keys are not scaled:
+    Under autocast the fast form runs with autocast disabled, in bf16 as the projections give it
+    (products and sums accumulate in float32; only the stored state rounds to bf16) or in
+    float32 for fp16 (a sum over N tokens overflows fp16); the result returns to the
+    projections' dtype before the value convolution is added. Queries and keys are not scaled:
     the normaliser cancels any positive query scale.
 
     On the CPU, in eager fp32 / fp64 code without RoPE or extra tokens (either normaliser),
