@@ -115,15 +115,21 @@ def _products_in_input_dtype(dtype):
     return dtype == torch.bfloat16
 
 
+def _partial_sums(like, programs, blocks, chunk, BD, BE):
+    """``(chunks, d x e partials, d partials)``: one float32 sum per chunk of ``chunk`` token
+    blocks, added up after the kernel (a few d x e matrices: cheaper than atomics)."""
+    chunks = -(-blocks // chunk)
+    f32 = dict(device=like.device, dtype=torch.float32)
+    return (chunks, torch.empty(programs, chunks, BD, BE, **f32),
+            torch.empty(programs, chunks, BD, **f32))
+
+
 @torch.library.custom_op('linvit_mm::normalised_linear_attention', mutates_args=())
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float,
              feature: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     kernels = _kernels()
     B, H, N, D, E, BD, BE, blocks, chunk = _layout(q, v)
-    chunks = -(-blocks // chunk)
-    f32 = dict(device=q.device, dtype=torch.float32)
-    s_part = torch.empty(B * H, chunks, BD, BE, **f32)
-    z_part = torch.empty(B * H, chunks, BD, **f32)
+    chunks, s_part, z_part = _partial_sums(q, B * H, blocks, chunk, BD, BE)
     out = torch.empty(B, H, N, E, device=v.device, dtype=v.dtype)
     feature_id, precision = kernels.FEATURES[feature], _precision(q.dtype)
     narrow = _products_in_input_dtype(q.dtype)
@@ -154,10 +160,7 @@ def _backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                  feature: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     kernels = _kernels()
     B, H, N, D, E, BD, BE, blocks, chunk = _layout(q, v)
-    chunks = -(-blocks // chunk)
-    f32 = dict(device=q.device, dtype=torch.float32)
-    ds_part = torch.empty(B * H, chunks, BD, BE, **f32)
-    dz_part = torch.empty(B * H, chunks, BD, **f32)
+    chunks, ds_part, dz_part = _partial_sums(q, B * H, blocks, chunk, BD, BE)
     dq, dk, dv = (torch.empty(t.shape, device=t.device, dtype=t.dtype) for t in (q, k, v))
     feature_id, precision = kernels.FEATURES[feature], _precision(q.dtype)
     narrow = _products_in_input_dtype(q.dtype)
