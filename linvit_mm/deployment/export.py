@@ -219,7 +219,6 @@ def compare_with_eager(model, run_exported, inputs):
     return comparisons
 
 
-
 def within_tolerance(comparisons, tolerance, against, mismatch):
     """Print each :class:`Comparison` (``Check against {against}, ...``) and whether the worst
     relative error is at most ``tolerance``; if not, say so on stderr as ``{mismatch} by ...``

@@ -295,6 +295,7 @@ def check_runner_checkpoint(runner, strict=None, allow_non_finite=True):
     checkpoint = _load_checkpoint(filename, map_location='cpu')
     if not allow_non_finite:
         state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
+        state = state if isinstance(state, dict) else {}
         refuse_non_finite({key: value for key, value in state.items() if torch.is_tensor(value)},
                           {}, filename, advice='Nothing was loaded; pass --allow-non-finite to '
                           'load it anyway (to inspect a diverged run).')

@@ -103,7 +103,7 @@ def _state_kernel(K, V, S_PART, Z_PART, N, D, E, H,
 
 
 @triton.jit
-def _output_kernel(Q, S, Z, O, N, D, E, H, eps,
+def _output_kernel(Q, S, Z, OUT, N, D, E, H, eps,
                    sqb, sqh, sqn, sqd, sob, soh, son, soe,
                    FEATURE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_E: tl.constexpr, PRECISION: tl.constexpr, NARROW: tl.constexpr):
@@ -123,8 +123,8 @@ def _output_kernel(Q, S, Z, O, N, D, E, H, eps,
     denominator = tl.sum(fq * z[None, :], axis=1) + eps
     out = numerator / denominator[:, None]
     o_mask = (offs_n[:, None] < N) & (offs_e[None, :] < E)
-    tl.store(O + b * sob + h * soh + offs_n[:, None] * son + offs_e[None, :] * soe,
-             out.to(O.dtype.element_ty), mask=o_mask)
+    tl.store(OUT + b * sob + h * soh + offs_n[:, None] * son + offs_e[None, :] * soe,
+             out.to(OUT.dtype.element_ty), mask=o_mask)
 
 
 @triton.jit

@@ -1,7 +1,6 @@
 """Base of the linear operators that are also an explicit N x N map (elu, relu, inline)."""
 from abc import abstractmethod
 
-import torch
 from torch import nn
 
 from .base import BaseAttention, autocast_disabled, float32_state

@@ -23,7 +23,6 @@ def load_weights_only(path, map_location='cpu'):
             f'code they carry): {_refusal_reason(path, err)}') from err
 
 
-
 def _rewound(source):
     if not isinstance(source, (str, os.PathLike)):
         source.seek(0)

@@ -209,7 +209,6 @@ def _run_checkpoint_globals():
     return tuple(allowed)
 
 
-
 def _dtype_problem(dtype):
     """Why ``dtype`` is not a plain numeric or bool type, or None.
 

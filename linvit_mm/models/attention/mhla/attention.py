@@ -8,8 +8,7 @@ from torch import nn
 from ....ops import depthwise_conv2d
 from ....ops.extension import kernels_apply
 from ....ops.mhla_core import mhla_attention
-from ..base import (BaseAttention, autocast_disabled, float32_state, register_attention,
-                    state_inputs)
+from ..base import BaseAttention, autocast_disabled, register_attention, state_inputs
 from .blocks import (BlockLayout, _pair, blocks_to_tokens, distance_mixing_matrix, padding_mask,
                      to_blocks)
 from .reference import MHLAReference
