@@ -19,7 +19,9 @@ and the run goes on, within ``--budget-s`` seconds:
    under bf16 autocast, ViT-S and ViT-B widths, 224 px batch 64 and 1024 px batch 2, with
    the peak memory the forward leaves for the backward; relu, elu and hedgehog fused and
    unfused;
-5. ``training``: LinearViT-S training steps (AdamW, bf16 autocast), relu against softmax.
+5. ``training``: LinearViT-S training steps (AdamW, bf16 autocast), relu against softmax;
+6. ``backbone``: ``benchmark_backbone.py --device cuda --amp`` (every operator's LinearViT-S,
+   224 px batch 64 and 1024 px batch 2, against its MAC bound).
 
 ``--dry-run`` runs every section on the CPU at toy sizes (the fused kernels under Triton's
 interpreter), as the test suite does, to prove the script before a GPU is lent.
@@ -273,6 +275,36 @@ def training(device, img_size, batch, steps, autocast_dtype):
     return rows
 
 
+def backbone(out_dir, dry_run):
+    """``benchmark_backbone.py`` in its GPU mode: every operator's LinearViT-S side by side,
+    bf16 autocast, Softmax on FlashAttention, at 224 px batch 64 and 1024 px batch 2."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        'benchmark_backbone', osp.join(REPO, 'tools', 'analysis_tools', 'benchmark_backbone.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    if importlib.util.find_spec('matplotlib') is None:
+        tool.plot = lambda *args, **kwargs: None  # a bare machine: the table and CSV only
+    if dry_run:
+        runs = [['--sizes', '32', '--repeats', '1', '--warmup', '0', '--arch',
+                 '{"embed_dims": 32, "num_layers": 2, "num_heads": 2, '
+                 '"feedforward_channels": 64}']]
+    else:
+        runs = [['--device', 'cuda', '--amp', '--batch-size', '64', '--sizes', '224'],
+                ['--device', 'cuda', '--amp', '--batch-size', '2', '--sizes', '1024']]
+    rows = []
+    for index, argv in enumerate(runs):
+        out = osp.join(out_dir, f'backbone_{index}')
+        for row in tool.main([*argv, '--repeats', '3', '--warmup', '1', '--no-memory',
+                              '--out-dir', out] if not dry_run else
+                             [*argv, '--no-memory', '--out-dir', out]):
+            rows.append({key: row.get(key) for key in (
+                'size', 'tokens', 'operator', 'batch_size', 'precision', 'fwd_ms', 'train_ms',
+                'peak_mib', 'speedup_fwd', 'speedup_train', 'mac_bound',
+                'train_pct_of_bound')})
+    return rows
+
+
 # ------------------------------------------------------------------ report
 def markdown(record):
     lines = [f"# linvit_mm device check, {record['started']}", '']
@@ -320,7 +352,8 @@ def main(argv=None):
             tests=lambda: tests(True, deadline),
             core=lambda: core(device, [(1, 2, 70, 16)], torch.float32, 0.),
             modules=lambda: modules(device, [(32, 2)], [(1, 4)], None, 0.),
-            training=lambda: training(device, 32, 2, 2, None))
+            training=lambda: training(device, 32, 2, 2, None),
+            backbone=lambda: backbone(args.out, True))
     else:
         plan = dict(
             environment=lambda: environment(device),
@@ -328,7 +361,8 @@ def main(argv=None):
             core=lambda: core(device, [(64, 12, 197, 64), (2, 12, 4096, 64)], bf16, 0.3),
             modules=lambda: modules(device, [(384, 6), (768, 12)], [(64, 14), (2, 64)], bf16,
                                     0.3),
-            training=lambda: training(device, 224, 64, 3, bf16))
+            training=lambda: training(device, 224, 64, 3, bf16),
+            backbone=lambda: backbone(args.out, False))
     for name, run in plan.items():
         if time.time() > deadline:
             record['sections'][name] = dict(error='skipped: the time budget was spent')

@@ -140,3 +140,23 @@ def test_an_out_dir_that_is_a_file_is_refused(bench, capsys, tmp_path):
     with pytest.raises(SystemExit):
         bench.parse_args(['--out-dir', str(tmp_path / 'file')])
     assert 'is a file, not a directory' in capsys.readouterr().err
+
+
+def test_gpu_options_are_refused_on_the_cpu(bench, capsys):
+    for argv in (['--amp'], ['--batch-size', '4']):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+        assert '--amp and --batch-size are GPU options' in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(['--device', 'cuda', '--batch-size', '0'])
+    assert '--batch-size must be >= 1' in capsys.readouterr().err
+
+
+def test_a_batch_under_bf16_autocast_is_timed_and_recorded():
+    """The GPU mode's step (batch, bf16 autocast) runs on the CPU too, at the function level;
+    on CUDA it also pins Softmax to FlashAttention."""
+    rows = backbone.benchmark_size(32, ['softmax', 'relu'], TINY_ARCH, 'cpu', 1, 0,
+                                   log=lambda msg: None, batch_size=2, amp=True)
+    assert [(r['operator'], r['batch_size'], r['precision']) for r in rows] == [
+        ('softmax', 2, 'bf16 autocast'), ('relu', 2, 'bf16 autocast')]
+    assert all(r['fwd_ms'] > 0 and r['train_ms'] > 0 for r in rows)

@@ -17,7 +17,7 @@ def test_the_dry_run_fills_every_section(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     record = json.loads((tmp_path / 'device_check.json').read_text())
     sections = record['sections']
-    assert list(sections) == ['environment', 'tests', 'core', 'modules', 'training']
+    assert list(sections) == ['environment', 'tests', 'core', 'modules', 'training', 'backbone']
     assert not [name for name, section in sections.items() if 'error' in section]
     assert sections['tests']['result']['fused kernels']['returncode'] == 0
     (core, ) = sections['core']['result']
@@ -26,6 +26,7 @@ def test_the_dry_run_fills_every_section(tmp_path):
     assert {'softmax', 'relu', 'relu (pytorch)', 'hedgehog (pytorch)', 'ttt'} <= operators
     assert all('ms' in row for row in sections['modules']['result'])
     assert all(row['finite'] for row in sections['training']['result'])
+    assert {row['operator'] for row in sections['backbone']['result']} >= {'softmax', 'relu'}
     table = (tmp_path / 'device_check.md').read_text()
     assert '## core' in table and '| relu (pytorch) |' in table
 

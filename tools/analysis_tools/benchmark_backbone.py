@@ -10,6 +10,11 @@ float32, the tool measures
   mean of every output), gradients set to ``None`` before each step, outside the timer;
 * peak memory of a training step (see below).
 
+On a GPU, ``--device cuda --amp --batch-size 64`` times what training there runs: bf16
+autocast at a training batch, the Softmax reference on FlashAttention only (SDPA restricted to
+its flash kernel: the run fails rather than time a slower kernel), relu / elu / hedgehog on
+their fused kernels. ``--amp`` and ``--batch-size`` are GPU options.
+
 Repetitions are interleaved: every repetition runs every operator once, in an order
 rotated by one per repetition, so background load on a shared machine hits all
 operators alike. Latencies are medians over ``--repeats`` repetitions that follow
@@ -111,7 +116,8 @@ CSV_COLUMNS = ('size', 'patch_tokens', 'tokens', 'operator', 'fwd_ms', 'train_ms
                'speedup_fwd', 'speedup_train', 'mac_bound', 'fwd_pct_of_bound',
                'train_pct_of_bound', 'gmacs', 'fwd_cpu_ms', 'train_cpu_ms', 'cpu_speedup_fwd',
                'cpu_speedup_train', 'fwd_samples_ms', 'train_samples_ms', 'repeats',
-               'warmup', 'threads', 'background_cores', 'retakes', 'device', 'memory_method')
+               'warmup', 'threads', 'background_cores', 'retakes', 'device', 'memory_method',
+               'batch_size', 'precision')
 
 
 def _fmt(value, spec):
@@ -254,6 +260,11 @@ def parse_args(argv=None):
                         help='LinearViT arch name (tiny, small, base) or a JSON dict with '
                              'embed_dims, num_layers, num_heads, feedforward_channels')
     parser.add_argument('--device', default='cpu', help='cpu or cuda[:index]')
+    parser.add_argument('--batch-size', type=int, default=1,
+                        help='images per step (with --device cuda; the CPU tables are batch 1)')
+    parser.add_argument('--amp', action='store_true',
+                        help='with --device cuda: bf16 autocast, Softmax on FlashAttention only '
+                             '(the run fails if SDPA cannot take it)')
     parser.add_argument('--repeats', type=int, default=5, help='timed repetitions (median)')
     parser.add_argument('--warmup', type=int, default=1, help='untimed repetitions first')
     parser.add_argument('--large-from', type=int, default=None,
@@ -321,6 +332,11 @@ def parse_args(argv=None):
             args.large_repeats is not None and args.large_repeats < 1) or (
             args.large_warmup is not None and args.large_warmup < 0):
         parser.error('--large-from must be >= 0, --large-repeats >= 1 and --large-warmup >= 0')
+    if args.batch_size < 1:
+        parser.error(f'--batch-size must be >= 1, got {args.batch_size}')
+    if (args.amp or args.batch_size != 1) and not args.device.startswith('cuda'):
+        parser.error('--amp and --batch-size are GPU options (--device cuda): the CPU tables '
+                     'are batch 1 in fp32, and the CPU memory probe measures batch 1')
     if args.threads is not None and args.threads < 1:
         parser.error(f'--threads must be >= 1, got {args.threads}')
     if args.max_background is not None and not (
@@ -361,6 +377,7 @@ def main(argv=None):
     started = datetime.now(timezone.utc)
     print(f'LinearViT benchmark {started:%Y-%m-%d %H:%M UTC}: arch={args.arch} device={device} '
           f'threads={args.threads} repeats={args.repeats} warmup={args.warmup} '
+          f'batch={args.batch_size} {"bf16 autocast" if args.amp else "fp32"} '
           f'torch={torch.__version__}', flush=True)
     rows = []
     for size in args.sizes:
@@ -374,7 +391,8 @@ def main(argv=None):
         size_rows = benchmark_size(size, operators, args.arch, device, repeats, warmup,
                                    log=lambda msg: print(msg, flush=True),
                                    max_background=args.max_background,
-                                   max_retakes=args.max_retakes)
+                                   max_retakes=args.max_retakes, batch_size=args.batch_size,
+                                   amp=args.amp)
         for row in size_rows:
             row.update(repeats=repeats, warmup=warmup)
         if device.type == 'cpu' and not args.no_memory:
@@ -391,8 +409,10 @@ def main(argv=None):
     out_dir = Path(args.out_dir)
     extra = dict(threads=args.threads, device=str(device), memory_method=memory_method)
     write_csv(rows, out_dir / 'benchmark_backbone.csv', extra)
+    precision = 'bf16 autocast' if args.amp else 'fp32'
     plot(rows, out_dir / 'benchmark_backbone.png',
-         f'LinearViT {args.arch}, batch 1, fp32, {device}, {args.threads} threads')
+         f'LinearViT {args.arch}, batch {args.batch_size}, {precision}, {device}'
+         + ('' if device.type == 'cuda' else f', {args.threads} threads'))
     print(format_targets(evaluate_targets(rows)))
     elapsed = (datetime.now(timezone.utc) - started).total_seconds()
     print(f'\nwrote {out_dir / "benchmark_backbone.csv"} and {out_dir / "benchmark_backbone.png"}'

@@ -1,5 +1,6 @@
 """The backbone benchmark (``benchmark_backbone.py``): each operator's LinearViT timed side by
 side at one input size, its MAC-count bound and its training step's peak memory."""
+import contextlib
 import gc
 import statistics
 
@@ -69,6 +70,22 @@ def time_train_step(model, images):
     return watch
 
 
+@contextlib.contextmanager
+def step_precision(device, amp):
+    """``amp``: bf16 autocast, and on CUDA scaled-dot-product attention restricted to its
+    FlashAttention kernel, so the Softmax reference is FlashAttention or the run fails
+    (SDPA: "No available kernel") instead of timing a slower kernel; fp32 otherwise."""
+    if not amp:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    device = torch.device(device)
+    flash = (sdpa_kernel(SDPBackend.FLASH_ATTENTION) if device.type == 'cuda'
+             else contextlib.nullcontext())
+    with torch.autocast(device.type, dtype=torch.bfloat16), flash:
+        yield
+
+
 def cuda_train_peak_mib(model, images):
     """A training step's peak allocated CUDA memory over what was allocated before it."""
     model.train()
@@ -99,8 +116,11 @@ def cpu_train_peak_mib(attn_type, arch, size, threads):
 
 
 def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
-                   max_background=None, max_retakes=0, quiet_timeout_s=900.):
+                   max_background=None, max_retakes=0, quiet_timeout_s=900., batch_size=1,
+                   amp=False):
     """Interleaved timings of every operator at one size; returns one dict per operator.
+
+    ``batch_size`` images a step; ``amp``: bf16 autocast (:func:`step_precision`).
 
     Every repetition runs every operator once, in an order rotated by one per repetition;
     latencies are medians over the ``repeats`` after ``warmup`` untimed repetitions. With
@@ -113,7 +133,7 @@ def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
     device = torch.device(device)
     torch.manual_seed(0)
     models = {op: build_backbone(op, arch, size).to(device) for op in operators}
-    images = torch.randn(1, 3, size, size, device=device)
+    images = torch.randn(batch_size, 3, size, size, device=device)
     samples = {(op, key): [] for op in operators
                for key in ('fwd_ms', 'train_ms', 'fwd_cpu_ms', 'train_cpu_ms')}
     cuda_peak = {}
@@ -124,8 +144,9 @@ def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
             for attempt in range(max_retakes + 1):
                 pair_load = BackgroundLoad()
                 pair_load.start()
-                fwd = time_forward(models[op], images)
-                train = time_train_step(models[op], images)
+                with step_precision(device, amp):
+                    fwd = time_forward(models[op], images)
+                    train = time_train_step(models[op], images)
                 models[op].zero_grad(set_to_none=True)
                 busy = pair_load.stop()
                 if (rep < warmup or max_background is None or busy is None
@@ -149,7 +170,8 @@ def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
                 + ('' if busy is None else f'  others {busy:.2f} cores'))
     background_cores = busy_core_s / timed_s if timed_s else None
     if device.type == 'cuda':
-        cuda_peak = {op: cuda_train_peak_mib(models[op], images) for op in operators}
+        with step_precision(device, amp):
+            cuda_peak = {op: cuda_train_peak_mib(models[op], images) for op in operators}
     hw_shape = patch_grid(models[operators[0]], size)
     rows = []
     for op in operators:
@@ -157,6 +179,7 @@ def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
         rows.append(dict(size=size, patch_tokens=hw_shape[0] * hw_shape[1],
                          tokens=models[op].num_extra_tokens + hw_shape[0] * hw_shape[1],
                          operator=op, block_operators=models[op].attn_types,
+                         batch_size=batch_size, precision='bf16 autocast' if amp else 'fp32',
                          peak_mib=cuda_peak.get(op), macs=macs,
                          fwd_samples_ms=samples[op, 'fwd_ms'],
                          train_samples_ms=samples[op, 'train_ms'],
