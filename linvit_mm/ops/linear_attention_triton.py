@@ -64,6 +64,15 @@ def _operand(x, like, NARROW: tl.constexpr):
 
 
 @triton.jit
+def _state_pointers(S, Z, index, offs_d, offs_e, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Pointers to the ``index``-th (BLOCK_D, BLOCK_E) state and (BLOCK_D, ) key sum of
+    contiguous float32 buffers: the layout the passes write their partial sums in and read
+    the added-up ones from."""
+    return (S + index * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :],
+            Z + index * BLOCK_D + offs_d)
+
+
+@triton.jit
 def _block(ptr, stride_n, stride_c, offs_n, offs_c, N, C):
     """A (BLOCK_N, BLOCK_C) tile, zero outside the N tokens and C channels, in float32."""
     mask = (offs_n[:, None] < N) & (offs_c[None, :] < C)
@@ -98,8 +107,9 @@ def _state_kernel(K, V, S_PART, Z_PART, N, D, E, H,
         z += tl.sum(fk, axis=0)
     n_chunks = tl.num_programs(1)
     part = pid_bh * n_chunks + pid_c
-    tl.store(S_PART + part * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :], s)
-    tl.store(Z_PART + part * BLOCK_D + offs_d, z)
+    s_ptrs, z_ptrs = _state_pointers(S_PART, Z_PART, part, offs_d, offs_e, BLOCK_D, BLOCK_E)
+    tl.store(s_ptrs, s)
+    tl.store(z_ptrs, z)
 
 
 @triton.jit
@@ -116,8 +126,9 @@ def _output_kernel(Q, S, Z, OUT, N, D, E, H, eps,
     offs_e = tl.arange(0, BLOCK_E)
     q, q_mask = _block(Q + b * sqb + h * sqh, sqn, sqd, offs_n, offs_d, N, D)
     fq = tl.where(q_mask, _feature(q, FEATURE), 0.)
-    s = tl.load(S + pid_bh * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :])
-    z = tl.load(Z + pid_bh * BLOCK_D + offs_d)
+    s_ptrs, z_ptrs = _state_pointers(S, Z, pid_bh, offs_d, offs_e, BLOCK_D, BLOCK_E)
+    s = tl.load(s_ptrs)
+    z = tl.load(z_ptrs)
     numerator = tl.dot(_operand(fq, Q, NARROW), _operand(s, Q, NARROW),
                        input_precision=PRECISION)
     denominator = tl.sum(fq * z[None, :], axis=1) + eps
@@ -142,8 +153,9 @@ def _query_grad_kernel(Q, DO, S, Z, DQ, DS_PART, DZ_PART, N, D, E, H, eps,
     q_ptr = Q + b * sqb + h * sqh
     g_ptr = DO + b * sgb + h * sgh
     dq_ptr = DQ + b * sdb + h * sdh
-    s = tl.load(S + pid_bh * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :])
-    z = tl.load(Z + pid_bh * BLOCK_D + offs_d)
+    s_ptrs, z_ptrs = _state_pointers(S, Z, pid_bh, offs_d, offs_e, BLOCK_D, BLOCK_E)
+    s = tl.load(s_ptrs)
+    z = tl.load(z_ptrs)
     ds = tl.zeros((BLOCK_D, BLOCK_E), tl.float32)
     dz = tl.zeros((BLOCK_D, ), tl.float32)
     for i in range(CHUNK):
@@ -167,9 +179,10 @@ def _query_grad_kernel(Q, DO, S, Z, DQ, DS_PART, DZ_PART, N, D, E, H, eps,
         dz -= tl.sum(fq * r[:, None], axis=0)
     n_chunks = tl.num_programs(1)
     part = pid_bh * n_chunks + pid_c
-    tl.store(DS_PART + part * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :],
-             ds)
-    tl.store(DZ_PART + part * BLOCK_D + offs_d, dz)
+    ds_ptrs, dz_ptrs = _state_pointers(DS_PART, DZ_PART, part, offs_d, offs_e, BLOCK_D,
+                                       BLOCK_E)
+    tl.store(ds_ptrs, ds)
+    tl.store(dz_ptrs, dz)
 
 
 @triton.jit
@@ -189,8 +202,9 @@ def _key_value_grad_kernel(K, V, DS, DZ, DK, DV, N, D, E, H,
     k, k_mask = _block(K + b * skb + h * skh, skn, skd, offs_n, offs_d, N, D)
     v, v_mask = _block(V + b * svb + h * svh, svn, sve, offs_n, offs_e, N, E)
     fk = tl.where(k_mask, _feature(k, FEATURE), 0.)
-    ds = tl.load(DS + pid_bh * BLOCK_D * BLOCK_E + offs_d[:, None] * BLOCK_E + offs_e[None, :])
-    dz = tl.load(DZ + pid_bh * BLOCK_D + offs_d)
+    ds_ptrs, dz_ptrs = _state_pointers(DS, DZ, pid_bh, offs_d, offs_e, BLOCK_D, BLOCK_E)
+    ds = tl.load(ds_ptrs)
+    dz = tl.load(dz_ptrs)
     dfk = tl.dot(_operand(v, K, NARROW), _operand(tl.trans(ds), K, NARROW),
                  input_precision=PRECISION) + dz[None, :]
     dk = tl.where(k_mask, dfk * _feature_grad(k, FEATURE), 0.)
