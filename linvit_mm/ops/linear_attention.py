@@ -65,9 +65,10 @@ def _triton_importable():
 
 
 def fused_applies(q, k, v):
-    """Whether the Triton kernels run for these tensors (see the module docstring)."""
+    """Whether the Triton kernels run for these tensors (see the module docstring). Never
+    while exporting: ``torch.export`` and ONNX get the PyTorch form, which runs anywhere."""
     switch = os.environ.get(FUSED_ENV)
-    if switch == '0' or not _triton_importable():
+    if switch == '0' or not _triton_importable() or torch.compiler.is_exporting():
         return False
     tensors = (q, k, v)
     devices = {t.device.type for t in tensors}
@@ -201,12 +202,11 @@ torch.library.register_autograd('linvit_mm::normalised_linear_attention', _backw
 
 def normalised_linear_attention(q, k, v, eps, feature='identity', fused=None):
     """The core (see the module docstring): the Triton kernels where :func:`fused_applies`
-    (unless ``fused=False``), else the PyTorch form; the same value either way. Exporters
-    (``torch.export`` / ONNX) get the PyTorch form, which runs anywhere."""
+    (unless ``fused=False``), else the PyTorch form; the same value either way."""
     if feature not in FEATURES:
         raise ValueError(f'feature {feature!r}: choose from {", ".join(FEATURES)}')
     if fused is None:
-        fused = fused_applies(q, k, v) and not torch.compiler.is_exporting()
+        fused = fused_applies(q, k, v)
     if fused:
         return _forward(q, k, v, float(eps), feature)[0]
     return normalised_linear_attention_torch(q, k, v, eps, feature)

@@ -227,3 +227,16 @@ def test_the_operators_run_their_core_on_the_kernels(attn_type, options, monkeyp
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-6)
     for a, b in zip(fused_grads, plain_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_an_exported_program_holds_the_pytorch_form():
+    """torch.export (and ONNX, which exports first) gets the PyTorch form, which runs
+    anywhere, even where the kernels would apply."""
+    from linvit_mm.models.attention import build_attention
+    attention = build_attention('relu', embed_dims=32, num_heads=2).to(DEVICE).eval()
+    x = torch.randn(1, 17, 32, device=DEVICE)
+    assert fused_applies(*attention.split_heads(attention.qkv(x)))
+    program = torch.export.export(attention, (x, (4, 4)))
+    targets = {str(node.target) for node in program.graph.nodes}
+    assert not [t for t in targets if 'normalised_linear_attention' in t], targets
+    torch.testing.assert_close(program.module()(x, (4, 4)), attention(x, (4, 4)))

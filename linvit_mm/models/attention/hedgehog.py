@@ -291,8 +291,7 @@ class HedgehogAttention(LinearMapAttention):
                                            v, 0., 'identity', fused=True)
 
     def _linear(self, q, k, v, rotation=None):
-        if (self.fused and 2 * self.head_dims <= MAX_HEAD_DIMS and fused_applies(q, k, v)
-                and not torch.compiler.is_exporting()):
+        if self.fused and 2 * self.head_dims <= MAX_HEAD_DIMS and fused_applies(q, k, v):
             return self._fused_linear(q, k, v)
         if kernels_apply(q, k, v, self.feature_proj, self.key_feature_proj()):
             # the same computation as below, fused (linvit_mm.ops.hedgehog_core)

@@ -138,8 +138,7 @@ class KernelAttention(LinearMapAttention):
         return phi(q), phi(k)
 
     def _linear(self, q, k, v, rotation=None):
-        if (rotation is None and self.fused and fused_applies(q, k, v)
-                and not torch.compiler.is_exporting()):
+        if rotation is None and self.fused and fused_applies(q, k, v):
             # one Triton kernel per pass, in the heads' dtype with float32 accumulation
             return normalised_linear_attention(q, k, v, self.eps, self.feature_map, fused=True)
         out_dtype = v.dtype
