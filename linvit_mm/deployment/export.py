@@ -250,7 +250,7 @@ def build_model(cfg, checkpoint=None, backbone=False, allow_non_finite=False):
     from mmengine.registry import MODELS, init_default_scope
     from mmengine.runner.checkpoint import _load_checkpoint, _load_checkpoint_to_model
 
-    from linvit_mm.transfer.formats import refuse_non_finite
+    from linvit_mm.transfer.formats import refuse_non_finite_checkpoint
 
     import linvit_mm.models  # noqa: F401  (registers LinearViT and the operators)
     scope = cfg.get('default_scope', 'mmpretrain')
@@ -262,12 +262,10 @@ def build_model(cfg, checkpoint=None, backbone=False, allow_non_finite=False):
     find_linear_vit(model)  # refuses other backbones before the checkpoint is read
     if checkpoint is not None:
         loaded = _load_checkpoint(checkpoint, map_location='cpu')
-        state = loaded.get('state_dict', loaded) if isinstance(loaded, dict) else {}
         if not allow_non_finite:
-            refuse_non_finite(
-                {k: v for k, v in state.items() if torch.is_tensor(v)}, {}, checkpoint,
-                advice='Nothing was written; pass --allow-non-finite to go on anyway (to '
-                       'inspect a diverged run).')
+            refuse_non_finite_checkpoint(loaded, checkpoint, advice=(
+                'Nothing was written; pass --allow-non-finite to go on anyway (to inspect a '
+                'diverged run).'))
         _load_checkpoint_to_model(model, loaded, strict=True)
     if backbone or scope in DENSE_SCOPES:
         model = model.backbone

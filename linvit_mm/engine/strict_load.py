@@ -31,14 +31,13 @@ the record into each checkpoint.
 """
 import re
 
-import torch
 from mmengine.hooks import Hook
 from mmengine.model import BaseTTAModel, is_model_wrapper
 from mmengine.registry import HOOKS
 
 from linvit_mm.staged import RECORD_KEY, checkpoint_record, find_linear_vits, model_record
 from linvit_mm.staged.record import ARCH_FIELDS, block_ranges, option_differences
-from linvit_mm.transfer.formats import refuse_non_finite
+from linvit_mm.transfer.formats import refuse_non_finite_checkpoint
 from linvit_mm.utils.checkpoint_state import state_problems
 
 __all__ = ['STRICT_LOAD_KEY', 'CheckpointMismatchError', 'ModelRecordHook',
@@ -290,15 +289,13 @@ def check_runner_checkpoint(runner, strict=None, allow_non_finite=True):
     model = _unwrap(runner.model)
     filename, resume = pending
     linear = bool(find_linear_vits(model))
-    if not (linear or resume or not allow_non_finite):
-        return []
+    if not linear and not resume and allow_non_finite:
+        return []  # nothing to check: mmengine loads it as it loads it
     checkpoint = _load_checkpoint(filename, map_location='cpu')
     if not allow_non_finite:
-        state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
-        state = state if isinstance(state, dict) else {}
-        refuse_non_finite({key: value for key, value in state.items() if torch.is_tensor(value)},
-                          {}, filename, advice='Nothing was loaded; pass --allow-non-finite to '
-                          'load it anyway (to inspect a diverged run).')
+        refuse_non_finite_checkpoint(checkpoint, filename, advice=(
+            'Nothing was loaded; pass --allow-non-finite to load it anyway (to inspect a '
+            'diverged run).'))
     if not linear:
         code = _code_problems(checkpoint) if resume else []
         if code:

@@ -47,7 +47,7 @@ from .key_maps import KEY_MAPS, TIMM_KEYS, UNMAPPED_GROUP, KeyMap, timm_key_map
 from .releases import RELEASES, find_release, merge_timm_variants
 
 __all__ = ['KNOWN_FORMATS', 'Encoder', 'read_source', 'find_encoder', 'refuse_non_finite',
-           'refuse_non_float']
+           'refuse_non_finite_checkpoint', 'refuse_non_float']
 
 # layout -> (what it looks like, the key map of its tensor names)
 _FORMATS = {
@@ -169,6 +169,15 @@ def refuse_non_finite(state, origins, where, advice=None):
                      f'diverged or damaged training run leaves them:\n  ' + '\n  '.join(listed)
                      + f'{more}\n' + (advice or 'Refused before anything is copied; use a '
                                        'checkpoint saved before the run diverged.'))
+
+
+def refuse_non_finite_checkpoint(checkpoint, where, advice):
+    """:func:`refuse_non_finite` on the tensors of a loaded checkpoint (its ``state_dict``, or
+    the file itself when it is a bare state dict), for the tools that load one."""
+    state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
+    tensors = {key: value for key, value in state.items() if torch.is_tensor(value)} \
+        if isinstance(state, dict) else {}
+    refuse_non_finite(tensors, {}, where, advice)
 
 
 def _is_tensor_dict(obj):
