@@ -153,8 +153,8 @@ class KernelAttention(LinearMapAttention):
         return out.to(out_dtype)
 
     def _map(self, q, k, rotation=None):
-        """Row-normalised ``phi(q) phi(k)^T`` (numerator rotated by RoPE, if any), computed
-        like the fast path (float32 state)."""
+        """Row-normalised ``phi(q) phi(k)^T`` (numerator rotated by RoPE, if any), in float32:
+        the map the distillation reads."""
         with autocast_disabled(q):
             q, k = float32_state(q, k)
             q, k = self._features(q, k)

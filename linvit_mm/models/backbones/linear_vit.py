@@ -173,7 +173,7 @@ class LinearViT(PositionEmbeddingMixin, BaseBackbone):
                         drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
                         drop_path_rate=drop_path_rate, frozen_stages=frozen_stages,
                         interpolate_mode=interpolate_mode, with_cp=with_cp,
-                        with_cls_token=(with_cls_token, bool))
+                        with_cls_token=with_cls_token, optional_bools=('with_cls_token', ))
         for name, rate in dict(drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
                                drop_path_rate=drop_path_rate).items():
             if not 0 <= rate < 1:

@@ -57,18 +57,15 @@ def bound_options(cls, owner, /, **kwargs):
     return dict(bound.arguments)
 
 
-def check_arguments(function, owner, /, **values):
+def check_arguments(function, owner, /, optional_bools=(), **values):
     """:func:`check_option_types` of ``values``, arguments of ``function``, against its
-    defaults. A switch that defaults to None but is a bool when given (``with_cls_token``) is
-    named in ``values`` as ``name=(value, bool)``."""
+    defaults; the switches named in ``optional_bools`` default to None (decided later) and are
+    None, True or False."""
+    for name in optional_bools:
+        value = values.pop(name)
+        if value is not None and type(value) is not bool:
+            raise TypeError(f'{owner}: {name} must be True, False or None (the default), got '
+                            f'{value!r} (a {type(value).__name__})')
     defaults = {name: parameter.default
                 for name, parameter in inspect.signature(function).parameters.items()}
-    plain = {}
-    for name, value in values.items():
-        if isinstance(value, tuple) and len(value) == 2 and value[1] is bool:
-            if value[0] is not None and type(value[0]) is not bool:
-                raise TypeError(f'{owner}: {name} must be True, False or None (the default), '
-                                f'got {value[0]!r} (a {type(value[0]).__name__})')
-            continue
-        plain[name] = value
-    check_option_types(owner, plain, defaults)
+    check_option_types(owner, values, defaults)
