@@ -94,9 +94,6 @@ def merge_args(cfg, args):
     elif cfg.get('work_dir') is None:
         cfg.work_dir = default_work_dir(args.config)
 
-    if args.amp:
-        configure_amp(cfg, args.amp_dtype)
-
     if args.resume == 'auto':
         cfg.resume = True
         cfg.load_from = None
@@ -136,6 +133,8 @@ def main(argv=None):
     cfg = merge_args(Config.fromfile(args.config), args)
     # Every run stops at a non-finite loss and writes its checkpoints atomically.
     notes = add_training_safeguards(cfg) + configure_device(cfg, args.launcher)
+    if args.amp:  # after --cfg-options (merge_args), so the flag wins over them
+        notes.append(configure_amp(cfg, args.amp_dtype))
     if cfg.get('resume') is True and cfg.get('load_from') is None:
         repaired = repair_last_checkpoint(cfg.work_dir)
         notes += [repaired] if repaired else []
