@@ -79,8 +79,7 @@ if __name__ == '__main__':
         packages=find_packages(exclude=('configs', 'tools', 'tests', 'tests.*')),
         include_package_data=True,
         package_data={'linvit_mm': ['.mim/configs/**/*', '.mim/tools/**/*',
-                                    '.mim/model-index.yml', 'ops/csrc/*.cpp',
-                                    'ops/csrc/*.h']},
+                                    '.mim/model-index.yml']},
         # torch 2.14 needs 3.10; the code itself needs 3.9 (math.lcm, importlib.resources.files)
         python_requires='>=3.10',
         license='Apache License 2.0',

@@ -98,21 +98,6 @@ def device(request):
     return request.param
 
 
-@pytest.fixture(params=['cpp', 'torch'])
-def kernel_path(request):
-    """Run a test with linvit_mm's C++ CPU kernels and again with their PyTorch fallback.
-
-    With the ``device`` fixture on CUDA both would run the same PyTorch operations (the
-    kernels are CPU-only), so the CUDA case runs once, as ``torch``.
-    """
-    from linvit_mm.ops import set_cpu_kernels
-    if request.param == 'cpp' and 'device' in request.fixturenames \
-            and request.getfixturevalue('device') != 'cpu':
-        pytest.skip('the C++ kernels are CPU-only: on CUDA this case equals kernel_path torch')
-    with set_cpu_kernels(request.param == 'cpp'):
-        yield request.param
-
-
 @pytest.fixture
 def logged():
     """``with logged(name=None, level=logging.DEBUG) as messages:`` the messages the MMLogger

@@ -381,22 +381,6 @@ def link_package_for_mim(env):
            'assert osp.isdir(osp.join(get_installed_path("linvit_mm"), ".mim", "configs"))')
 
 
-def step_cpu_kernels(env):
-    """Build linvit_mm's C++ CPU kernels now rather than in the first run that needs them.
-
-    torch caches the build per user and rebuilds when a source changes, so this is a few
-    seconds when nothing changed. A failure is not fatal: the ttt operator then runs on
-    PyTorch operations (slower on CPU), and the log says why.
-    """
-    log('cpu-kernels: building the C++ kernels of the ttt operator (cached by torch)')
-    code = ('import warnings; warnings.simplefilter("error"); '
-            'from linvit_mm.ops import cpu_kernels; print(cpu_kernels().__file__)')
-    try:
-        log(f'cpu-kernels: {env.py(code)}')
-    except StepFailed as err:
-        log(f'cpu-kernels: not built, ttt will use PyTorch operations instead. {err}')
-
-
 def verify(env):
     versions = env.py(
         'import json, torch, torchvision, mmengine, mmcv, mmcv.ops, mmdet, mmseg, '
@@ -430,7 +414,6 @@ def main(argv=None):
         requirement_step(env, 'openmmlab',
                          [REQ / 'mminstall.txt', REQ / 'runtime.txt', REQ / 'tests.txt'], order)
         step_project(env, order)
-        step_cpu_kernels(env)
         log('verify: importing the stack')
         versions = verify(env)
     except StepFailed as err:

@@ -6,8 +6,8 @@ backbone (its tuple of outputs) or an mmpretrain classifier (its logits, as
 produces (normalised, ``(B, C, H, W)`` float32); the preprocessing itself is not part of
 the graph, as in mmdeploy's ``tensor`` inputs.
 
-* :func:`export_program`: a ``torch.export`` program. It calls linvit_mm's C++ kernels
-  through their operators (``torch.ops.linvit_mm.*``), so loading it with
+* :func:`export_program`: a ``torch.export`` program. It keeps linvit_mm's operators
+  (``torch.ops.linvit_mm.*``, ViT^3's inner step) as nodes, so loading it with
   ``torch.export.load`` needs ``import linvit_mm.ops`` first; ``portable=True`` replaces
   them by their PyTorch forms (``linvit_mm.ops.torch_forms``) and the program loads with
   PyTorch alone.

@@ -1,15 +1,13 @@
-"""Custom autograd operations of the attention operators and their C++ CPU halves.
+"""Operations of the attention operators that are more than a line of PyTorch.
 
-``set_cpu_kernels`` switches between the C++ kernels and their PyTorch forms (the same
-computation) for every operation here. The kernels run as operators of the ``linvit_mm``
-namespace (``torch.ops.linvit_mm``), which ``torch.export`` keeps as nodes; ``torch_forms``
-is the table that decomposes them into their PyTorch forms.
+``ttt_step`` and ``linear_attention`` define operators of the ``linvit_mm`` namespace
+(``torch.ops.linvit_mm``), which ``torch.export`` and ``torch.compile`` keep as single nodes;
+``torch_forms`` is the table that decomposes them into PyTorch operations.
 """
-from .depthwise import (conv_tokens, correlate3x3_reference, correlate_tokens,
-                        depthwise3x3_reference, depthwise_conv2d, kernel_taps, position_code)
-from .extension import cpu_kernels, set_cpu_kernels, torch_forms, use_cpu_kernels
+from .depthwise import (correlate3x3_reference, depthwise3x3_reference, depthwise3x3_tokens,
+                        kernel_taps, position_code)
+from .forms import torch_forms
 from .ttt_step import ttt_inner_step
 
-__all__ = ['conv_tokens', 'correlate3x3_reference', 'correlate_tokens', 'cpu_kernels',
-           'depthwise3x3_reference', 'depthwise_conv2d', 'kernel_taps', 'position_code',
-           'set_cpu_kernels', 'torch_forms', 'ttt_inner_step', 'use_cpu_kernels']
+__all__ = ['correlate3x3_reference', 'depthwise3x3_reference', 'depthwise3x3_tokens',
+           'kernel_taps', 'position_code', 'torch_forms', 'ttt_inner_step']

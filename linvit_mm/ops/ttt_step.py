@@ -3,19 +3,15 @@
 ``ttt_inner_step(qkv, w1, w2, w3, ...)`` maps a block's fused ``qkv`` projection to the
 concatenated readouts of its two inner models (``ttt.py`` states the model and the inner
 loss; ``TTTAttention.forward_reference`` takes the same step with autograd and is the oracle
-the tests hold this to). Written as tensor operations the step is about forty autograd nodes
-per block, and at 224 px their per-operation costs made ViT^3 1.2-1.3x slower than softmax
-attention. Here the forward keeps what the backward needs and the backward is written out.
-On the CPU both run in C++ (``ops/csrc/ttt_inner.cpp``: batched BLAS products, fused loops
-between them); elsewhere (GPU, fp16 / bf16, or no compiler) the same computation runs as the
-PyTorch operations below. Both forms keep the same tensors for the backward, so either
-backward serves either forward.
+the tests hold this to). Written as tensor operations with autograd the step is about forty
+nodes per block, each keeping its inputs; here the forward keeps what the backward needs
+(no copy of q, k, v: the backward reads them from qkv) and the backward is written out.
 
 Traced code (``torch.export``, ``torch.compile``) takes the step as the PyTorch operator
 ``torch.ops.linvit_mm.ttt_inner_forward`` with its backward ``linvit_mm::ttt_inner_backward``
-(``torch.library.custom_op``, see ``extension.py``), one node, which
-``extension.torch_forms()`` replaces by the PyTorch form; eager code calls the same forward
-and backward without the dispatcher (see ``depthwise.py``).
+(``torch.library.custom_op``), one node each, which ``torch_forms()`` replaces by the PyTorch
+form; eager code calls the same forward and backward without the dispatcher, whose Python
+layer costs about 0.1 ms per call (0.6 ms with autograd).
 
 Notation (per image and head; ``n`` tokens; ``c = n / scale``):
 
@@ -41,10 +37,10 @@ from torch import Tensor
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
-from .depthwise import (correlate3x3_by_taps, correlate3x3_reference, depthwise3x3_by_taps,
-                        depthwise3x3_reference, kernel_taps)
+from .depthwise import (correlate3x3_by_taps, depthwise3x3_by_taps, depthwise3x3_reference,
+                        kernel_taps)
 from ..utils.tracing import is_tracing
-from .extension import cpu_kernels, register_torch_form, use_cpu_kernels
+from .forms import register_torch_form
 
 
 def _untaps(tap_grad):
@@ -61,14 +57,10 @@ def _heads(qkv, heads, d):
 
 
 def _conv(tokens, taps, hw_shape, flip=False, by_taps=False):
-    # PyTorch operations only (no linvit_mm operator): the forms are also the decompositions,
-    # which take the tap-by-tap convolutions (see depthwise.py)
+    # the forms are also the decompositions, which take the tap-by-tap convolutions (see
+    # depthwise.py)
     conv = depthwise3x3_by_taps if by_taps else depthwise3x3_reference
     return conv(tokens, taps.flip(1) if flip else taps, hw_shape)
-
-
-def _correlate(a, g, hw_shape, by_taps=False):
-    return (correlate3x3_by_taps if by_taps else correlate3x3_reference)(a, g, hw_shape)
 
 
 def _step(init, grad, offset, norm_dim):
@@ -90,7 +82,7 @@ def _step_backward(grad_fitted, grad, norm, offset, norm_dim):
 # The PyTorch forms are also the operators' decompositions (``torch_forms``), so they are
 # functional: results are concatenated, never written into slices of a buffer.
 
-def _torch_forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale, by_taps=False):
+def _forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale, by_taps=False):
     """PyTorch form of ``ttt_inner_forward``: ``[out, *saved]``, the same tensors, laid out
     alike (contiguous); ``by_taps``: the decomposition."""
     B, N, _ = qkv.shape
@@ -101,7 +93,7 @@ def _torch_forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale, by_taps
 
     z = k @ w12
     z1, z2 = z.chunk(2, dim=-1)
-    gate_z = torch.sigmoid(z2)  # recomputed by the backward, as the C++ one does
+    gate_z = torch.sigmoid(z2)  # recomputed by the backward
     vg = v * gate_z
     a = vg * z2
     terms = torch.cat([a, z1 * (vg + a * (1 - gate_z))], dim=-1)
@@ -112,17 +104,17 @@ def _torch_forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale, by_taps
     out = (p[..., :d] * p[..., d:] * gate_p).transpose(1, 2)              # (B, N, heads, d)
 
     grid, patches = (H, W), slice(num_extra, None)
-    grad3 = _correlate(k3[:, patches], v3[:, patches], grid, by_taps).contiguous()
+    grad3 = correlate3x3_by_taps(k3[:, patches], v3[:, patches], grid).contiguous()
     w3_fit, norm3 = _step(w3_taps, grad3, H * W / inner_scale, 1)
     out3 = _conv(q3[:, patches], w3_fit, grid, by_taps=by_taps)
     if num_extra:
         # extra tokens are 1 x 1 images of their own: only the centre tap reaches them
         out3 = torch.cat([q3[:, :num_extra] * w3_fit[:, None, 4], out3], dim=1)
-    out = torch.cat([out, out3.unsqueeze(2)], dim=2).reshape(B, N, -1)
+    out = torch.cat([out, out3.unsqueeze(2)], dim=2).reshape(B, N, (heads + 1) * d)
     return [out, z, terms, grad, norm, w12_fit, p, grad3, norm3, w3_fit, w12]
 
 
-def _torch_backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale, by_taps=False):
+def _backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale, by_taps=False):
     """PyTorch form of ``ttt_inner_backward``: ``[grad_qkv, grad_w1, grad_w2, grad_w3]``;
     ``by_taps``: the decomposition."""
     z, terms, grad, norm, w12_fit, p, grad3, norm3, w3_fit, w12 = saved
@@ -150,7 +142,7 @@ def _torch_backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale, b
 
     grid, patches = (H, W), slice(num_extra, None)
     grad_out3 = grad_out[:, :, heads]
-    grad_w3_fit = _correlate(q3[:, patches], grad_out3[:, patches], grid, by_taps)
+    grad_w3_fit = correlate3x3_by_taps(q3[:, patches], grad_out3[:, patches], grid)
     grad_q3 = _conv(grad_out3[:, patches], w3_fit, grid, flip=True, by_taps=by_taps)
     if num_extra:
         extra = slice(None, num_extra)
@@ -165,26 +157,12 @@ def _torch_backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale, b
         _conv(k3[:, patches], grad_grad3, grid, by_taps=by_taps)))
     grad_qkv = torch.cat([t.transpose(1, 2) for t in (grad_q, grad_k, grad_v)]
                          + [t.unsqueeze(2) for t in (grad_q3, grad_k3, grad_v3)], dim=2)
-    return [grad_qkv.reshape(B, N, -1), *grad_w12.chunk(2, dim=-1),
+    return [grad_qkv.reshape(qkv.shape), *grad_w12.chunk(2, dim=-1),
             _untaps(grad_w3_fit.sum(0, keepdim=True))]
 
 
-def _forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
-    """``[out, *saved]``, C++ where it applies."""
-    forward = cpu_kernels().ttt_inner_forward if use_cpu_kernels(qkv, w1) else _torch_forward
-    return forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale)
-
-
-def _backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale):
-    """``[grad_qkv, grad_w1, grad_w2, grad_w3]``, C++ where it applies (either form's saved
-    tensors serve)."""
-    backward = (cpu_kernels().ttt_inner_backward if use_cpu_kernels(grad_out, qkv)
-                else _torch_backward)
-    return backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale)
-
-
 class _TTTInnerStep(Function):
-    """The step in eager code (see ``depthwise.py`` on why not the operator)."""
+    """The step in eager code (without the operator's dispatcher costs)."""
 
     @staticmethod
     def forward(ctx, qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
@@ -206,8 +184,7 @@ class _TTTInnerStep(Function):
 @torch.library.custom_op('linvit_mm::ttt_inner_forward', mutates_args=())
 def ttt_inner_forward(qkv: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, heads: int,
                       num_extra: int, H: int, W: int, inner_scale: float) -> list[Tensor]:
-    """``[out, *saved]``: the readouts ``(B, N, C + d)`` and what the backward needs; C++
-    where it applies."""
+    """``[out, *saved]``: the readouts ``(B, N, C + d)`` and what the backward needs."""
     return _forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale)
 
 
@@ -228,11 +205,11 @@ def _forward_shapes(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
 def ttt_inner_backward(grad_out: Tensor, saved: list[Tensor], qkv: Tensor, heads: int,
                        num_extra: int, H: int, W: int, inner_scale: float) -> list[Tensor]:
     """``[grad_qkv, grad_w1, grad_w2, grad_w3]`` from the readouts' gradient and what
-    ``ttt_inner_forward`` kept; C++ where it applies."""
+    ``ttt_inner_forward`` kept."""
     # contiguous, as the shape function says: w1's and w2's gradients are the two halves of
     # one tensor (an operator's outputs may not share memory) and w3's a transposed view
-    return [grad.contiguous() for grad in _backward(grad_out, saved, qkv, heads, num_extra, H,
-                                                   W, inner_scale)]
+    return [grad.contiguous() for grad in _backward(grad_out, saved, qkv, heads, num_extra, H, W,
+                                                    inner_scale)]
 
 
 @ttt_inner_backward.register_fake
@@ -261,11 +238,11 @@ def _step_gradients(ctx, grads):
 
 ttt_inner_forward.register_autograd(_step_gradients, setup_context=_keep_for_backward)
 register_torch_form(torch.ops.linvit_mm.ttt_inner_forward.default,
-                    functools.partial(_torch_forward, by_taps=True))
+                    functools.partial(_forward, by_taps=True))
 
 
 register_torch_form(torch.ops.linvit_mm.ttt_inner_backward.default,
-                    functools.partial(_torch_backward, by_taps=True))
+                    functools.partial(_backward, by_taps=True))
 
 
 def ttt_inner_step(qkv, w1, w2, w3, heads, num_extra, hw_shape, inner_scale):

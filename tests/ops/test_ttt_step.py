@@ -1,17 +1,16 @@
-"""ViT^3's inner step (``ops/ttt_step.py``): gradchecks of both forms, the C++ form against the
-PyTorch one, the inference path, the PyTorch operators and their decomposition, and the C++
-kernel's input checks."""
+"""ViT^3's inner step (``ops/ttt_step.py``): gradchecks, the inference path, the PyTorch
+operators and their decomposition."""
 import pytest
 import torch
 
-from linvit_mm.ops import set_cpu_kernels, torch_forms, ttt_inner_step
+from linvit_mm.ops import torch_forms, ttt_inner_step
 from linvit_mm.ops.ttt_step import ttt_inner_backward, ttt_inner_forward
 from linvit_mm.testing import assert_rel_close
 
 
 @pytest.mark.parametrize('num_extra,hw', [(0, (3, 4)), (1, (3, 3)), (2, (1, 2))],
                          ids=['3x4', 'cls_3x3', 'two_extra_1x2'])
-def test_inner_step_gradcheck(device, kernel_path, num_extra, hw, inner_step_inputs):
+def test_inner_step_gradcheck(device, num_extra, hw, inner_step_inputs):
     inputs = inner_step_inputs(num_extra, hw, device=device)
 
     def step(*tensors):
@@ -20,28 +19,7 @@ def test_inner_step_gradcheck(device, kernel_path, num_extra, hw, inner_step_inp
     assert torch.autograd.gradcheck(step, inputs)
 
 
-def test_inner_step_cpp_matches_torch_in_float32(kernels, inner_step_inputs):
-    """The C++ forward computes sigmoid with its own exp: float32 results agree to ~1e-6."""
-    hw, num_extra = (14, 14), 1
-    qkv, w1, w2, w3 = inner_step_inputs(num_extra, hw, dtype=torch.float32, heads=3, d=16)
-    upstream = torch.randn(qkv.shape[0], qkv.shape[1], 4 * 16)
-
-    def run():
-        for t in (qkv, w1, w2, w3):
-            t.grad = None
-        out = ttt_inner_step(qkv, w1, w2, w3, 3, num_extra, hw, 9**-.5)
-        out.backward(upstream)
-        return [out.detach()] + [t.grad.clone() for t in (qkv, w1, w2, w3)]
-
-    with set_cpu_kernels(True):
-        fast = run()
-    with set_cpu_kernels(False):
-        reference = run()
-    for name, a, b in zip(['out', 'qkv', 'w1', 'w2', 'w3'], fast, reference):
-        assert_rel_close(a, b, 1e-5, name)
-
-
-def test_inference_path_and_expanded_gradients(kernels, inner_step_inputs):
+def test_inference_path_and_expanded_gradients(inner_step_inputs):
     """Without grad the step skips the autograd node; ``.sum().backward()`` hands the backward
     an expanded (stride 0) gradient."""
     hw = (4, 5)
@@ -57,9 +35,9 @@ def test_inference_path_and_expanded_gradients(kernels, inner_step_inputs):
 
 
 @pytest.mark.parametrize('num_extra,hw', [(0, (3, 4)), (1, (3, 3))], ids=['3x4', 'cls_3x3'])
-def test_operators_pass_opcheck(kernel_path, num_extra, hw, inner_step_inputs):
+def test_operators_pass_opcheck(num_extra, hw, inner_step_inputs):
     """Schema, shape functions (fake tensors), autograd registration and tracing of the step
-    and of its backward, with the kernels and with the PyTorch forms."""
+    and of its backward."""
     inputs = inner_step_inputs(num_extra, hw)
     args = (2, num_extra, *hw, 9**-.5)
     torch.library.opcheck(ttt_inner_forward, (*inputs, *args))
@@ -68,27 +46,8 @@ def test_operators_pass_opcheck(kernel_path, num_extra, hw, inner_step_inputs):
     torch.library.opcheck(ttt_inner_backward, (torch.randn_like(out), saved, qkv, *args))
 
 
-def test_either_backward_serves_either_forward(kernels, inner_step_inputs):
-    """Both forms keep the same tensors, so switching the kernels between a forward and its
-    backward changes nothing."""
-    hw, num_extra = (4, 3), 1
-    upstream = None
-    grads = {}
-    for forward_cpp, backward_cpp in ((True, True), (True, False), (False, True)):
-        inputs = inner_step_inputs(num_extra, hw)
-        with set_cpu_kernels(forward_cpp):
-            out = ttt_inner_step(*inputs, 2, num_extra, hw, 9**-.5)
-        upstream = torch.randn_like(out) if upstream is None else upstream
-        with set_cpu_kernels(backward_cpp):
-            out.backward(upstream)
-        grads[forward_cpp, backward_cpp] = [t.grad for t in inputs]
-    for key in ((True, False), (False, True)):
-        for name, a, b in zip(['qkv', 'w1', 'w2', 'w3'], grads[key], grads[True, True]):
-            assert_rel_close(a, b, 1e-12, f'{name}, forward / backward in C++: {key}')
-
-
 @pytest.mark.parametrize('dynamic', [False, True], ids=['static', 'dynamic'])
-def test_decomposition_matches_the_operator(kernel_path, dynamic, inner_step_inputs):
+def test_decomposition_matches_the_operator(dynamic, inner_step_inputs):
     """``torch_forms()`` replaces the step by PyTorch operators (tap-by-tap convolutions, so
     also for a symbolic batch) that compute the same readouts."""
     from torch.export import Dim
@@ -107,12 +66,3 @@ def test_decomposition_matches_the_operator(kernel_path, dynamic, inner_step_inp
     for batch in (2, 3) if dynamic else (2, ):
         x = torch.randn(batch, *qkv.shape[1:])
         assert_rel_close(decomposed.module()(x), Step()(x), 1e-5)
-
-
-def test_kernel_rejects_mismatched_inputs(kernels):
-    with pytest.raises(RuntimeError, match=r'w1 and w2 must be \(1, heads, d, d\)'):
-        kernels.ttt_inner_forward(torch.randn(1, 4, 8 * 9), torch.randn(1, 2, 8, 8),
-                                  torch.randn(1, 2, 8, 4), torch.randn(8, 1, 3, 3), 2, 0, 2, 2, 3.)
-    with pytest.raises(RuntimeError, match='extra'):
-        kernels.ttt_inner_forward(torch.randn(1, 5, 8 * 9), torch.randn(1, 2, 8, 8),
-                                  torch.randn(1, 2, 8, 8), torch.randn(8, 1, 3, 3), 2, 0, 2, 2, 3.)

@@ -23,8 +23,6 @@ read here, the O(N^2) oracle of the tests.
 import torch
 from torch import nn
 
-from ...ops.extension import kernels_apply
-from ...ops.hedgehog_core import hedgehog_attention
 from ...ops.linear_attention import MAX_HEAD_DIMS, fused_applies, normalised_linear_attention
 from .base import WHOLE, autocast_disabled, float32_state, register_attention, state_inputs
 from .map_attention import LinearMapAttention
@@ -140,10 +138,6 @@ class HedgehogAttention(LinearMapAttention):
     times the plain ones) divided by their row sums (each at least 1).
     ``forward_reference`` is neither: it is :func:`naive_hedgehog_attention`, the plain
     formula with unshifted exponentials, written with no helper of the two forms above.
-
-    On the CPU, in eager fp32 / fp64 code, this form runs as one autograd node of C++
-    kernels (:mod:`linvit_mm.ops.hedgehog_core`), the same computation; the PyTorch form
-    serves every other case and traced code.
 
     Under autocast the fast form runs with autocast disabled, in bf16 as the projections give it
     (products and sums accumulate in float32; only the stored state rounds to bf16) or in
@@ -268,10 +262,18 @@ class HedgehogAttention(LinearMapAttention):
         output for its backward, but not the product's."""
         return in_place or self.feature_map == 'exp'
 
+    @staticmethod
+    def _key_max(log_k):
+        """Each feature's maximum over the tokens, without gradient (0 where there is no
+        token: ``amax`` refuses an empty dimension)."""
+        with torch.no_grad():
+            if log_k.shape[-2] == 0:
+                return log_k.new_zeros(*log_k.shape[:-2], 1, log_k.shape[-1])
+            return log_k.amax(dim=-2, keepdim=True)
+
     def _key_features(self, log_k, in_place=False):
         """``exp(L(k) - c)`` and ``c`` (per-feature maximum over the tokens, no gradient)."""
-        with torch.no_grad():
-            key_max = log_k.amax(dim=-2, keepdim=True)
+        key_max = self._key_max(log_k)
         shifted = log_k.sub_(key_max) if self._writable(in_place) else log_k - key_max
         return shifted.exp_(), key_max
 
@@ -281,8 +283,7 @@ class HedgehogAttention(LinearMapAttention):
         by the same shift plus their own row maximum. The product of a query's and a key's
         features, hence the output, does not change; the shifts carry no gradient."""
         log_k = self.log_features(k, self.signed_proj(q.dtype, keys=True))
-        with torch.no_grad():
-            key_max = log_k.amax(dim=-2, keepdim=True)
+        key_max = self._key_max(log_k)
         log_q = self.log_features(q, self.signed_proj(q.dtype)) + key_max
         with torch.no_grad():
             row_max = log_q.amax(dim=-1, keepdim=True)
@@ -293,10 +294,6 @@ class HedgehogAttention(LinearMapAttention):
     def _linear(self, q, k, v, rotation=None):
         if self.fused and 2 * self.head_dims <= MAX_HEAD_DIMS and fused_applies(q, k, v):
             return self._fused_linear(q, k, v)
-        if kernels_apply(q, k, v, self.feature_proj, self.key_feature_proj()):
-            # the same computation as below, fused (linvit_mm.ops.hedgehog_core)
-            return hedgehog_attention(q, k, v, self.feature_proj, self.key_feature_proj(),
-                                      self.feature_map == 'softmax')
         out_dtype = v.dtype
         # Without autograd, each N x 2d intermediate reuses the buffer of the one before: at
         # 16k tokens they are 50 MB each, and fresh ones cost page faults and bandwidth.
@@ -350,9 +347,7 @@ class HedgehogAttention(LinearMapAttention):
         return self.project(self.naive_forward(x, hw_shape)[0])
 
     def core_macs(self, num_tokens, hw_shape):
-        # x W for queries and keys (N d^2 per head each; -x W is a sign: the C++ form builds
-        # that half in its loops, the PyTorch form multiplies by [W, -W], a cheaper way to
-        # both halves there than negating a copy);
+        # x W for queries and keys (N d^2 per head each; -x W is a sign, counted once);
         # the 2d x d state and its read (2 N d^2 per head each); the key sums over the 2d
         # features (2 N d per head). No normaliser is read: the query weights sum to 1.
         C, d = self.embed_dims, self.head_dims

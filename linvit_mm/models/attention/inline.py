@@ -74,8 +74,8 @@ def naive_inline_residual(x, qkv, residual, num_heads, hw_shape):
 
 def grouped_pointwise(conv, rows):
     """``conv(rows[..., None])[..., 0]``: a grouped 1x1 ``Conv1d`` of ``(B, C_in)`` rows as one
-    batched product. On a CPU oneDNN spends about 0.2 ms setting up a grouped convolution of
-    length 1, a hundred times its arithmetic."""
+    batched product: one matrix product instead of a grouped convolution of length 1, which
+    oneDNN spends about 0.2 ms setting up, a hundred times its arithmetic."""
     groups = conv.groups
     weight = conv.weight.view(groups, conv.out_channels // groups, conv.in_channels // groups)
     # explicit sizes: a batch of 0 images leaves -1 undetermined
@@ -134,7 +134,7 @@ class InLineAttention(LinearMapAttention):
     def local_residual(self, x, v, hw_shape):
         """The residual branch ``(B, N, C)`` of the operator input ``x`` and the value heads
         ``v`` ``(B, heads, N, d)``: every image's ``C`` kernels applied to its patch values in
-        token layout (``ops.depthwise3x3_tokens``: a C++ pass each way on the CPU)."""
+        token layout (``ops.depthwise3x3_tokens``)."""
         B, N, C = x.shape
         H, W = hw_shape
         num_extra = N - H * W

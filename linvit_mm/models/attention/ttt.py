@@ -154,7 +154,7 @@ class TTTAttention(BaseAttention):
     positions (and a rotation of its per-channel q, k would mix channels it fits one by one).
 
     ``forward`` computes the inner gradients in closed form, batched over images and heads,
-    as one autograd node with a hand-written backward (``ops/ttt_step.py``; C++ on the CPU);
+    as one autograd node with a hand-written backward (``ops/ttt_step.py``);
     ``forward_reference`` (the test oracle) is :func:`naive_ttt_inner`, image by image: the
     heads read off channel slices, RoPE as explicit per-token matrices, the inner gradients
     by ``torch.autograd.grad`` of the inner loss and the convolutions as sums over each

@@ -16,7 +16,6 @@ from linvit_mm.models import LinearViT
 from linvit_mm.models.attention import WHOLE, BaseAttention, HedgehogAttention, attention_class
 from linvit_mm.models.attention import hedgehog, map_attention
 from linvit_mm.models.attention.hedgehog import naive_hedgehog_attention
-from linvit_mm.ops import set_cpu_kernels
 from linvit_mm.testing import assert_rel_close, rel_error
 from linvit_mm.transfer import transfer_softmax_weights
 
@@ -495,11 +494,9 @@ def test_inference_reuses_its_buffers(feature_map, make_hedgehog, tokens):
     hw = (6, 6)
     with torch.no_grad():
         q, k, v = module.split_heads(module.qkv(tokens(hw, 1, scale=2.)))
-    with set_cpu_kernels(False):
-        with_autograd = module._linear(q, k, v)
+    with_autograd = module._linear(q, k, v)
     assert with_autograd.requires_grad  # feature_proj's
-    with torch.no_grad(), StorageRecorder(numel=2 * q.numel()) as recorder, \
-            set_cpu_kernels(False):
+    with torch.no_grad(), StorageRecorder(numel=2 * q.numel()) as recorder:
         without = module._linear(q, k, v)
     assert len(recorder.storages) == 2
     assert_rel_close(without, with_autograd, 1e-14, 'output without autograd')
@@ -554,23 +551,20 @@ class MacCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize('kernels', [True, False], ids=['cpp', 'torch'])
 @pytest.mark.parametrize('feature_map', FEATURE_MAPS)
-def test_core_macs_counts_the_fast_form(feature_map, kernels, make_hedgehog, tokens):
-    """``core_macs`` = 6 N C d + 2 N C: the contractions and token sums of the fast form. The
-    C++ form runs exactly its contractions (its sums are loops no counter sees); the PyTorch
-    form multiplies by ``[W, -W]``, 2 N C d more than the -x W half needs."""
+def test_core_macs_counts_the_fast_form(feature_map, make_hedgehog, tokens):
+    """``core_macs`` = 6 N C d + 2 N C: the contractions and token sums of the fast form,
+    which multiplies by ``[W, -W]``, 2 N C d more than the -x W half needs."""
     module = make_hedgehog(feature_map, dtype=torch.float32)
     hw, num_extra, batch = (5, 6), 1, 2
     x = tokens(hw, num_extra, batch=batch, dtype=torch.float32)
     n, C, d = x.shape[1], module.embed_dims, module.head_dims
     with torch.no_grad():
         q, k, v = module.split_heads(module.qkv(x))
-        with MacCounter() as counter, set_cpu_kernels(kernels):
+        with MacCounter() as counter:
             module._linear(q, k, v)
     assert module.core_macs(n, hw) == 6 * n * C * d + 2 * n * C
-    extra = -2 * n * C if kernels else 2 * n * C * d
-    assert counter.macs == batch * (module.core_macs(n, hw) + extra)
+    assert counter.macs == batch * (module.core_macs(n, hw) + 2 * n * C * d)
 
 
 # ------------------------------------------------------------------ in the model

@@ -1,5 +1,5 @@
-"""ViT^3 test-time-training attention: the fast form (closed-form inner step, C++ and PyTorch
-kernels) and the position encoding against their oracles written from the definitions (which
+"""ViT^3 test-time-training attention: the fast form (closed-form inner step) and the position
+encoding against their oracles written from the definitions (which
 share no helper with them), the oracles' own convolution against ``F.conv2d``, the qkv layout,
 the class token's place in each inner model, memory and precision."""
 import pytest
@@ -43,7 +43,7 @@ def make_ttt(make_attention):
 @pytest.mark.parametrize('hw', ODD_GRIDS)
 @pytest.mark.parametrize(**EXTRA)
 @pytest.mark.parametrize('rope', ROPES)
-def test_fast_form_matches_reference(device, kernel_path, rope, num_extra, hw, tokens,
+def test_fast_form_matches_reference(device, rope, num_extra, hw, tokens,
                                      assert_matches_reference, make_ttt):
     """Output and the gradients of the input and of every parameter, in float64, on both
     kernel paths of the inner step."""
@@ -58,7 +58,7 @@ def test_fast_form_matches_reference(device, kernel_path, rope, num_extra, hw, t
 
 @pytest.mark.parametrize('hw', ODD_GRIDS)
 @pytest.mark.parametrize(**EXTRA)
-def test_position_encoding_matches_reference(device, kernel_path, num_extra, hw, tokens,
+def test_position_encoding_matches_reference(device, num_extra, hw, tokens,
                                              output_and_grads, make_ttt):
     """``encode_position`` (run by the block before ``ln1``, outside ``forward``) against
     ``encode_position_reference``: output and the gradients of the input, kernel and bias."""
@@ -80,10 +80,10 @@ FAST_HELPERS = [(ttt, 'ttt_inner_step'), (ttt, 'position_code'), (ttt, '_inner_p
                 (ops, 'ttt_inner_step'), (ops, 'position_code'), (F, 'conv2d')] + [
     (TTTAttention, name) for name in ('forward', 'encode_position', '_rotate_qk', '_inner')] + [
     (depthwise, name) for name in ('kernel_taps', 'depthwise3x3_reference', 'position_code',
-                                   'correlate3x3_reference', 'depthwise3x3_by_taps',
-                                   'correlate3x3_by_taps')] + [
-    (ttt_step, name) for name in ('ttt_inner_step', '_forward', '_torch_forward', '_step',
-                                  '_heads', '_conv', '_correlate')]
+                                   'depthwise3x3_tokens', 'correlate3x3_reference',
+                                   'depthwise3x3_by_taps', 'correlate3x3_by_taps')] + [
+    (ttt_step, name) for name in ('ttt_inner_step', '_forward', '_backward', '_step',
+                                  '_heads', '_conv')]
 
 
 @pytest.mark.parametrize('rope', ['eva', 'dinov3'])
@@ -259,8 +259,7 @@ def test_class_token_reads_the_centre_tap_and_joins_the_swiglu_fit(tokens, make_
 
 
 @pytest.mark.parametrize('num_extra', [0, 1], ids=['no_cls', 'cls'])
-def test_position_encoding_is_a_residual_depthwise_conv(kernel_path, num_extra, tokens,
-                                                        make_ttt):
+def test_position_encoding_is_a_residual_depthwise_conv(num_extra, tokens, make_ttt):
     module = make_ttt()
     hw = (7, 9)
     x = tokens(hw, num_extra)

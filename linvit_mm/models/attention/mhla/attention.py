@@ -5,9 +5,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ....ops import depthwise_conv2d
-from ....ops.extension import kernels_apply
-from ....ops.mhla_core import mhla_attention
 from ..base import BaseAttention, autocast_disabled, register_attention, state_inputs
 from .blocks import (BlockLayout, _pair, blocks_to_tokens, distance_mixing_matrix, padding_mask,
                      to_blocks)
@@ -49,11 +46,6 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
     float32 for fp16 (a sum over N tokens overflows fp16); the result returns to the
     projections' dtype before the value convolution is added. Queries and keys are not scaled:
     the normaliser cancels any positive query scale.
-
-    On the CPU, in eager fp32 / fp64 code without RoPE or extra tokens (either normaliser),
-    everything between ``qkv`` and ``proj`` runs as one autograd node of C++ kernels
-    (:mod:`linvit_mm.ops.mhla_core`), the same computation as the PyTorch form below, which
-    serves every other case and traced code.
 
     RoPE, as for the kernel operators (RoFormer Sec. 3.4.3): the features of the patch
     tokens are rotated in the numerator only, so a block's summary is
@@ -179,14 +171,13 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
         """Depthwise convolution of ``(B, H*W, C)`` patch values -> ``(B, H*W, C)``.
 
         The token-major values are already an ``H x W x C`` image: read as a
-        channels-last NCHW view they need no transposing copy, and oneDNN's
-        channels-last depthwise kernel is several times faster than the NCHW one; the
-        output, channels-last too, reads back as tokens without a copy.
+        channels-last NCHW view they need no transposing copy (cuDNN and oneDNN both have
+        channels-last depthwise kernels); the output, channels-last too, reads back as
+        tokens without a copy.
         """
         B, _, C = patch_values.shape
         image = patch_values.reshape(B, *hw_shape, C).permute(0, 3, 1, 2)
-        conv = self.value_conv
-        local = depthwise_conv2d(image, conv.weight, conv.bias, conv.padding[0])
+        local = self.value_conv(image)
         return local.permute(0, 2, 3, 1).reshape(B, -1, C)
 
     def _block_rotation(self, hw_shape, layout, like):
@@ -286,14 +277,6 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
                 out_extra = self.merge_heads(numerator / (normaliser + self.eps))
         return out.to(out_dtype), out_extra.to(out_dtype) if num_extra else None
 
-    def _kernels_apply(self, qk, values, num_extra):
-        """Whether the C++ form runs: without RoPE, on a grid without extra tokens (either
-        normaliser), in eager CPU code."""
-        conv = self.value_conv
-        return (self.rope is None and not num_extra
-                and kernels_apply(qk, values, self.block_mixing, conv.weight,
-                                  *([] if conv.bias is None else [conv.bias])))
-
     def forward(self, x, hw_shape):
         num_extra = self.num_extra_tokens(x, hw_shape)
         layout = self.block_layout(hw_shape)  # rejects an empty grid before any work
@@ -306,13 +289,6 @@ class MultiHeadLinearAttention(MHLAReference, BaseAttention):
         if not (isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)):
             q, k = qk.chunk(2, dim=-1)
             qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=-1)
-        conv = self.value_conv
-        if self._kernels_apply(qk, values, num_extra):
-            # the same computation as below, fused (linvit_mm.ops.mhla_core)
-            out = mhla_attention(qk, values, self.block_mixing, conv.weight, conv.bias,
-                                 self.num_heads, hw_shape, layout, self.feature_floor, self.eps,
-                                 self.normaliser == 'official')
-            return self.project(out)
         out, out_extra = self._mixed_linear(qk, values, hw_shape, layout, num_extra)
         out = out + self._local_values(values[:, num_extra:], hw_shape)
         if out_extra is not None:
