@@ -19,8 +19,11 @@ and the run goes on, within ``--budget-s`` seconds:
    under bf16 autocast, ViT-S and ViT-B widths, 224 px batch 64 and 1024 px batch 2, with
    the peak memory the forward leaves for the backward; relu, elu and hedgehog fused and
    unfused;
-5. ``training``: LinearViT-S training steps (AdamW, bf16 autocast), relu against softmax;
-6. ``backbone``: ``benchmark_backbone.py --device cuda --amp`` (every operator's LinearViT-S,
+5. ``training``: LinearViT-S training steps (AdamW, bf16 autocast), relu against softmax,
+   eager and compiled (``torch.compile``), with the CUDA kernels one step launches;
+6. ``distillation``: the cost of ``AttentionDistillHook`` (frozen Softmax teacher, lambda
+   50) on a ViT-S relu classifier's step, bf16, in alternating pairs;
+7. ``backbone``: ``benchmark_backbone.py --device cuda --amp`` (every operator's LinearViT-S,
    224 px batch 64 and 1024 px batch 2, against its MAC bound).
 
 ``--dry-run`` runs every section on the CPU at toy sizes (the fused kernels under Triton's
@@ -244,35 +247,66 @@ def modules(device, widths, sizes, autocast_dtype, min_time):
     return rows
 
 
-def training(device, img_size, batch, steps, autocast_dtype):
+def tiny_arch(device):
+    """ViT-S on a GPU; a two-block toy for the CPU dry run."""
+    return 'small' if device.type == 'cuda' else dict(embed_dims=32, num_layers=2, num_heads=2,
+                                                      feedforward_channels=64)
+
+
+def training(device, img_size, batch, autocast_dtype, operators=('softmax', 'relu'),
+             modes=('eager', 'compiled')):
+    """LinearViT training steps (AdamW) per operator, eager and through ``torch.compile``
+    (inductor; compiled by the untimed steps), with the kernels one step launches."""
     import torch
 
     from linvit_mm.models.backbones import LinearViT
+    from linvit_mm.utils.benchmark.common import kernel_launches
     rows = []
-    arch = 'small' if device.type == 'cuda' else dict(embed_dims=32, num_layers=2,
-                                                       num_heads=2, feedforward_channels=64)
-    for attn_type in ('softmax', 'relu'):
-        torch.manual_seed(0)
-        model = LinearViT(arch=arch, attn_type=attn_type, img_size=img_size,
-                          out_type='avg_featmap').to(device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        images = torch.randn(batch, 3, img_size, img_size, device=device)
+    for mode in modes:
+        for attn_type in operators:
+            torch.manual_seed(0)
+            model = LinearViT(arch=tiny_arch(device), attn_type=attn_type, img_size=img_size,
+                              out_type='avg_featmap').to(device)
+            run = torch.compile(model) if mode == 'compiled' else model
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            images = torch.randn(batch, 3, img_size, img_size, device=device)
 
-        def step():
-            with torch.autocast(device.type, dtype=autocast_dtype,
-                                enabled=autocast_dtype is not None):
-                loss = model(images)[-1].float().square().mean()
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            return loss.detach()
+            def step(run=run, optimizer=optimizer, images=images):
+                with torch.autocast(device.type, dtype=autocast_dtype,
+                                    enabled=autocast_dtype is not None):
+                    loss = run(images)[-1].float().square().mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                return loss.detach()
 
-        losses = [step().item() for _ in range(2)]
-        seconds = timed(step, device, 1.0)
-        rows.append(dict(operator=attn_type, img_size=img_size, batch=batch,
-                         step_ms=1e3 * seconds, finite=all(map(lambda v: v == v, losses))))
-    rows[1]['vs_softmax'] = rows[1]['step_ms'] / rows[0]['step_ms']
+            started = time.time()
+            losses = [step().item() for _ in range(2)]
+            warm_s = time.time() - started
+            rows.append(dict(operator=attn_type, mode=mode, img_size=img_size, batch=batch,
+                             step_ms=1e3 * timed(step, device, 1.0),
+                             launches=kernel_launches(step, device),
+                             first_steps_s=warm_s, finite=all(v == v for v in losses)))
+    for row in rows:
+        softmax = next(r for r in rows if r['mode'] == row['mode'] and r['operator'] == 'softmax')
+        row['vs_softmax'] = row['step_ms'] / softmax['step_ms']
     return rows
+
+
+def distillation(device, img_size, batch, amp, iters, warmup):
+    """The attention-distillation step's cost (``benchmark_distill.py``): a ViT-S relu
+    classifier's training step with ``AttentionDistillHook`` (frozen Softmax teacher,
+    lambda 50) against the same step without it, in alternating pairs."""
+    import types
+
+    from linvit_mm.utils.benchmark.distill import benchmark
+    options = types.SimpleNamespace(arch=tiny_arch(device), attn_type='relu', batch_size=batch,
+                                    img_size=img_size, patch_size=16, num_classes=10,
+                                    device=str(device), amp=amp, loss_weight=50.,
+                                    iters=iters, warmup=warmup)
+    result = benchmark(options, log=lambda message: None)
+    return [{key: result[key] for key in ('without_ms', 'with_ms', 'teacher_ms', 'pair_ratio',
+                                          'teacher_fraction', 'passed')}]
 
 
 def backbone(out_dir, dry_run):
@@ -300,7 +334,7 @@ def backbone(out_dir, dry_run):
                              [*argv, '--no-memory', '--out-dir', out]):
             rows.append({key: row.get(key) for key in (
                 'size', 'tokens', 'operator', 'batch_size', 'precision', 'fwd_ms', 'train_ms',
-                'peak_mib', 'speedup_fwd', 'speedup_train', 'mac_bound',
+                'peak_mib', 'launches', 'speedup_fwd', 'speedup_train', 'mac_bound',
                 'train_pct_of_bound')})
     return rows
 
@@ -352,7 +386,8 @@ def main(argv=None):
             tests=lambda: tests(True, deadline),
             core=lambda: core(device, [(1, 2, 70, 16)], torch.float32, 0.),
             modules=lambda: modules(device, [(32, 2)], [(1, 4)], None, 0.),
-            training=lambda: training(device, 32, 2, 2, None),
+            training=lambda: training(device, 32, 2, None),
+            distillation=lambda: distillation(device, 32, 2, False, 2, 1),
             backbone=lambda: backbone(args.out, True))
     else:
         plan = dict(
@@ -361,7 +396,8 @@ def main(argv=None):
             core=lambda: core(device, [(64, 12, 197, 64), (2, 12, 4096, 64)], bf16, 0.3),
             modules=lambda: modules(device, [(384, 6), (768, 12)], [(64, 14), (2, 64)], bf16,
                                     0.3),
-            training=lambda: training(device, 224, 64, 3, bf16),
+            training=lambda: training(device, 224, 64, bf16),
+            distillation=lambda: distillation(device, 224, 64, True, 6, 2),
             backbone=lambda: backbone(args.out, False))
     for name, run in plan.items():
         if time.time() > deadline:

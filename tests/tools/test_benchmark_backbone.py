@@ -127,8 +127,11 @@ def test_the_released_forms_of_hedgehog_and_inline_are_measured_by_name(bench):
     (['--max-background', '-1'], '--max-background is a number of busy cores >= 0'),
     (['--max-background', 'nan'], '--max-background is a number of busy cores >= 0'),
     (['--threads', '0'], '--threads must be >= 1'),
+    (['--compile', '--warmup', '0'], '--compile needs a warm-up of at least 1'),
+    (['--compile', '--large-from', '0', '--large-warmup', '0'],
+     '--compile needs a warm-up of at least 1'),
 ], ids=['size-0', 'negative-size', 'not-a-multiple', 'arch-width-0', 'retakes', 'background',
-        'background-nan', 'threads'])
+        'background-nan', 'threads', 'compile-without-warmup', 'compile-without-large-warmup'])
 def test_bad_arguments_are_refused_before_any_model_is_built(bench, capsys, argv, message):
     with pytest.raises(SystemExit):
         bench.parse_args(argv)
@@ -160,3 +163,19 @@ def test_a_batch_under_bf16_autocast_is_timed_and_recorded():
     assert [(r['operator'], r['batch_size'], r['precision']) for r in rows] == [
         ('softmax', 2, 'bf16 autocast'), ('relu', 2, 'bf16 autocast')]
     assert all(r['fwd_ms'] > 0 and r['train_ms'] > 0 for r in rows)
+
+
+@pytest.mark.slow  # inductor compiles two models: 7 s here with a warm cache, more without
+def test_compiled_models_are_timed_and_each_step_counts_its_launches():
+    """``compile``: the models run through torch.compile (the rows say so); each row counts
+    what one training step launches (ATen calls on a CPU), far fewer once inductor fused the
+    step."""
+    import torch
+    torch._dynamo.reset()
+    eager, compiled = (backbone.benchmark_size(32, ['softmax', 'relu'], TINY_ARCH, 'cpu', 1, 1,
+                                               log=lambda msg: None, compile=mode)
+                       for mode in (False, True))
+    assert [r['mode'] for r in eager + compiled] == ['eager'] * 2 + ['compiled'] * 2
+    for plain, fused in zip(eager, compiled):
+        assert fused['train_ms'] > 0 and fused['macs'] == plain['macs']
+        assert 0 < fused['launches'] < plain['launches'] / 4, (plain, fused)

@@ -17,16 +17,28 @@ def test_the_dry_run_fills_every_section(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     record = json.loads((tmp_path / 'device_check.json').read_text())
     sections = record['sections']
-    assert list(sections) == ['environment', 'tests', 'core', 'modules', 'training', 'backbone']
+    assert list(sections) == ['environment', 'tests', 'core', 'modules', 'training',
+                              'distillation', 'backbone']
     assert not [name for name, section in sections.items() if 'error' in section]
-    assert sections['tests']['result']['fused kernels']['returncode'] == 0
+    fused = sections['tests']['result']['fused kernels']
+    assert fused['returncode'] == 0, fused['tail']
     (core, ) = sections['core']['result']
     assert core['fused_applies'] and core['fused_ms'] > 0 and core['flash_ms'] > 0
     operators = {row['operator'] for row in sections['modules']['result']}
     assert {'softmax', 'relu', 'relu (pytorch)', 'hedgehog (pytorch)', 'ttt'} <= operators
     assert all('ms' in row for row in sections['modules']['result'])
-    assert all(row['finite'] for row in sections['training']['result'])
-    assert {row['operator'] for row in sections['backbone']['result']} >= {'softmax', 'relu'}
+    training = sections['training']['result']
+    assert {(row['operator'], row['mode']) for row in training} == {
+        (op, mode) for op in ('softmax', 'relu') for mode in ('eager', 'compiled')}
+    assert all(row['finite'] and row['step_ms'] > 0 and row['launches'] > 0 for row in training)
+    # inductor's code calls fewer ATen operators than the eager step
+    launches = {(row['operator'], row['mode']): row['launches'] for row in training}
+    assert launches['relu', 'compiled'] < launches['relu', 'eager']
+    (distill, ) = sections['distillation']['result']
+    assert distill['with_ms'] > distill['without_ms'] > 0 and distill['teacher_ms'] > 0
+    backbone = sections['backbone']['result']
+    assert {row['operator'] for row in backbone} >= {'softmax', 'relu'}
+    assert all(row['launches'] > 0 for row in backbone)
     table = (tmp_path / 'device_check.md').read_text()
     assert '## core' in table and '| relu (pytorch) |' in table
 

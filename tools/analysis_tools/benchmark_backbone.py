@@ -13,7 +13,10 @@ float32, the tool measures
 On a GPU, ``--device cuda --amp --batch-size 64`` times what training there runs: bf16
 autocast at a training batch, the Softmax reference on FlashAttention only (SDPA restricted to
 its flash kernel: the run fails rather than time a slower kernel), relu / elu / hedgehog on
-their fused kernels. ``--amp`` and ``--batch-size`` are GPU options.
+their fused kernels. ``--amp`` and ``--batch-size`` are GPU options. ``--compile`` times
+every model through ``torch.compile`` (inductor; compiled in the warm-up). Each row also
+counts what one training step launches: CUDA kernels on a GPU (``torch.profiler``), ATen
+operator calls on a CPU.
 
 Repetitions are interleaved: every repetition runs every operator once, in an order
 rotated by one per repetition, so background load on a shared machine hits all
@@ -117,7 +120,7 @@ CSV_COLUMNS = ('size', 'patch_tokens', 'tokens', 'operator', 'fwd_ms', 'train_ms
                'train_pct_of_bound', 'gmacs', 'fwd_cpu_ms', 'train_cpu_ms', 'cpu_speedup_fwd',
                'cpu_speedup_train', 'fwd_samples_ms', 'train_samples_ms', 'repeats',
                'warmup', 'threads', 'background_cores', 'retakes', 'device', 'memory_method',
-               'batch_size', 'precision')
+               'batch_size', 'precision', 'mode', 'launches')
 
 
 def _fmt(value, spec):
@@ -142,7 +145,7 @@ def format_table(rows, size):
             f'{group[0].get("repeats", "?")}{load}\n'
             f'{"operator":{width}s} {"fwd ms":>10s} {"train ms":>10s} {"peak MiB":>9s} '
             f'{"x fwd":>7s} {"x train":>7s} {"MAC bound":>9s} {"fwd/bnd":>8s} {"trn/bnd":>8s} '
-            f'{"cpu x fwd":>9s} {"cpu x trn":>9s}')
+            f'{"cpu x fwd":>9s} {"cpu x trn":>9s} {"launches":>8s}')
     lines = [head, '-' * len(head.splitlines()[1])]
     for row in group:
         lines.append(f'{row["operator"]:{width}s} {row["fwd_ms"]:10.1f} {row["train_ms"]:10.1f} '
@@ -151,7 +154,8 @@ def format_table(rows, size):
                      f'{_fmt(row["fwd_pct_of_bound"], "7.0f")}% '
                      f'{_fmt(row["train_pct_of_bound"], "7.0f")}% '
                      f'{_fmt(row["cpu_speedup_fwd"], "8.2f")}x '
-                     f'{_fmt(row["cpu_speedup_train"], "8.2f")}x')
+                     f'{_fmt(row["cpu_speedup_train"], "8.2f")}x '
+                     f'{_fmt(row.get("launches"), "8d")}')
     return '\n'.join(lines)
 
 
@@ -265,6 +269,9 @@ def parse_args(argv=None):
     parser.add_argument('--amp', action='store_true',
                         help='with --device cuda: bf16 autocast, Softmax on FlashAttention only '
                              '(the run fails if SDPA cannot take it)')
+    parser.add_argument('--compile', action='store_true',
+                        help='time every model through torch.compile (inductor); the models '
+                             'compile during the warm-up, which then needs at least 1')
     parser.add_argument('--repeats', type=int, default=5, help='timed repetitions (median)')
     parser.add_argument('--warmup', type=int, default=1, help='untimed repetitions first')
     parser.add_argument('--large-from', type=int, default=None,
@@ -316,6 +323,9 @@ def parse_args(argv=None):
         parser.error(f'--operators: {err}')
     if args.repeats < 1 or args.warmup < 0:
         parser.error('--repeats must be >= 1 and --warmup >= 0')
+    if args.compile and (args.warmup < 1 or args.large_warmup == 0):
+        parser.error('--compile needs a warm-up of at least 1 (--warmup, --large-warmup): '
+                     'the models compile there, outside the timed repetitions')
     arch = LinearViT.resolve_arch(args.arch)
     sizes = {key: arch[key] for key in ('embed_dims', 'num_layers', 'num_heads',
                                         'feedforward_channels')}
@@ -378,7 +388,7 @@ def main(argv=None):
     print(f'LinearViT benchmark {started:%Y-%m-%d %H:%M UTC}: arch={args.arch} device={device} '
           f'threads={args.threads} repeats={args.repeats} warmup={args.warmup} '
           f'batch={args.batch_size} {"bf16 autocast" if args.amp else "fp32"} '
-          f'torch={torch.__version__}', flush=True)
+          f'{"compiled" if args.compile else "eager"} torch={torch.__version__}', flush=True)
     rows = []
     for size in args.sizes:
         patch_tokens = (size // 16)**2
@@ -392,7 +402,7 @@ def main(argv=None):
                                    log=lambda msg: print(msg, flush=True),
                                    max_background=args.max_background,
                                    max_retakes=args.max_retakes, batch_size=args.batch_size,
-                                   amp=args.amp)
+                                   amp=args.amp, compile=args.compile)
         for row in size_rows:
             row.update(repeats=repeats, warmup=warmup)
         if device.type == 'cpu' and not args.no_memory:
@@ -411,7 +421,8 @@ def main(argv=None):
     write_csv(rows, out_dir / 'benchmark_backbone.csv', extra)
     precision = 'bf16 autocast' if args.amp else 'fp32'
     plot(rows, out_dir / 'benchmark_backbone.png',
-         f'LinearViT {args.arch}, batch {args.batch_size}, {precision}, {device}'
+         f'LinearViT {args.arch}, batch {args.batch_size}, {precision}, '
+         f'{"compiled" if args.compile else "eager"}, {device}'
          + ('' if device.type == 'cuda' else f', {args.threads} threads'))
     print(format_targets(evaluate_targets(rows)))
     elapsed = (datetime.now(timezone.utc) - started).total_seconds()

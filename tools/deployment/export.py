@@ -13,7 +13,7 @@ padded); preprocessing is not part of it. Without CHECKPOINT the model keeps its
 initialisation.
 
 * ``--format torch-export``: a ``.pt2`` file (``torch.export.save``). Load it with
-  ``torch.export.load`` after ``import linvit_mm.ops``, which registers the C++ kernels'
+  ``torch.export.load`` after ``import linvit_mm.ops``, which registers the linvit_mm
   operators it calls; ``--portable`` writes their PyTorch forms instead, and the file loads
   with PyTorch alone.
 * ``--format onnx``: a ``.onnx`` file (``torch.onnx.export(..., dynamo=True)`` of the portable

@@ -8,7 +8,7 @@ import torch
 
 from linvit_mm.models.attention.mhla import OFFICIAL_IMAGENET
 
-from .common import Stopwatch, quiet_mmengine_logs, rotated, scalar_loss
+from .common import Stopwatch, kernel_launches, quiet_mmengine_logs, rotated, scalar_loss
 from .load import BackgroundLoad, wait_for_quiet
 from .memory import PROBE_GRID, cuda_step_peak_mib, rss_step_peak, run_probe
 from .targets import REFERENCE
@@ -115,12 +115,23 @@ def cpu_train_peak_mib(attn_type, arch, size, threads):
                      attn_type=attn_type, arch=arch, size=size, threads=threads)['peak_mib']
 
 
+def train_step_launches(model, images):
+    """Kernels (CUDA) or ATen calls (CPU) of one training step: :func:`.common.kernel_launches`."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    launches = kernel_launches(lambda: scalar_loss(model(images)).backward(), images.device)
+    model.zero_grad(set_to_none=True)
+    return launches
+
+
 def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
                    max_background=None, max_retakes=0, quiet_timeout_s=900., batch_size=1,
-                   amp=False):
+                   amp=False, compile=False):
     """Interleaved timings of every operator at one size; returns one dict per operator.
 
-    ``batch_size`` images a step; ``amp``: bf16 autocast (:func:`step_precision`).
+    ``batch_size`` images a step; ``amp``: bf16 autocast (:func:`step_precision`);
+    ``compile``: every model through ``torch.compile`` (inductor), compiled during the
+    warm-up (give at least one warm-up repetition, or the first timed one includes it).
 
     Every repetition runs every operator once, in an order rotated by one per repetition;
     latencies are medians over the ``repeats`` after ``warmup`` untimed repetitions. With
@@ -132,7 +143,8 @@ def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
     from linvit_mm.utils.complexity import count_macs, patch_grid
     device = torch.device(device)
     torch.manual_seed(0)
-    models = {op: build_backbone(op, arch, size).to(device) for op in operators}
+    modules = {op: build_backbone(op, arch, size).to(device) for op in operators}
+    models = {op: torch.compile(m) if compile else m for op, m in modules.items()}
     images = torch.randn(batch_size, 3, size, size, device=device)
     samples = {(op, key): [] for op in operators
                for key in ('fwd_ms', 'train_ms', 'fwd_cpu_ms', 'train_cpu_ms')}
@@ -169,24 +181,26 @@ def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
                 f'(cpu {fwd.cpu_ms:10.1f} / {train.cpu_ms:10.1f} ms)'
                 + ('' if busy is None else f'  others {busy:.2f} cores'))
     background_cores = busy_core_s / timed_s if timed_s else None
-    if device.type == 'cuda':
-        with step_precision(device, amp):
+    with step_precision(device, amp):
+        launches = {op: train_step_launches(models[op], images) for op in operators}
+        if device.type == 'cuda':
             cuda_peak = {op: cuda_train_peak_mib(models[op], images) for op in operators}
-    hw_shape = patch_grid(models[operators[0]], size)
+    hw_shape = patch_grid(modules[operators[0]], size)
     rows = []
     for op in operators:
-        macs = count_macs(models[op], size)['total']
+        macs = count_macs(modules[op], size)['total']
         rows.append(dict(size=size, patch_tokens=hw_shape[0] * hw_shape[1],
-                         tokens=models[op].num_extra_tokens + hw_shape[0] * hw_shape[1],
-                         operator=op, block_operators=models[op].attn_types,
+                         tokens=modules[op].num_extra_tokens + hw_shape[0] * hw_shape[1],
+                         operator=op, block_operators=modules[op].attn_types,
                          batch_size=batch_size, precision='bf16 autocast' if amp else 'fp32',
-                         peak_mib=cuda_peak.get(op), macs=macs,
+                         mode='compiled' if compile else 'eager',
+                         launches=launches[op], peak_mib=cuda_peak.get(op), macs=macs,
                          fwd_samples_ms=samples[op, 'fwd_ms'],
                          train_samples_ms=samples[op, 'train_ms'],
                          background_cores=background_cores, retakes=retakes[op],
                          **{key: statistics.median(samples[op, key])
                             for key in ('fwd_ms', 'train_ms', 'fwd_cpu_ms', 'train_cpu_ms')}))
-    del models
+    del models, modules
     gc.collect()
     return rows
 

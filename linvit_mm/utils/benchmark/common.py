@@ -49,6 +49,22 @@ def rotated(items, shift):
     return list(items[shift:]) + list(items[:shift])
 
 
+def kernel_launches(fn, device):
+    """How many device kernels one call of ``fn`` launches on CUDA (``torch.profiler``'s
+    kernel events); on a CPU, how many ATen operators it calls, the closest count there.
+    The fewer, the less a step waits on launch overhead at small sizes."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = torch.device(device).type == 'cuda'
+    synchronise(device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        fn()
+        synchronise(device)
+    events = prof.events()
+    if cuda:
+        return sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    return sum(1 for e in events if e.name.startswith('aten::') and e.cpu_parent is None)
+
+
 def synchronise(device):
     """Wait for queued CUDA work, so a wall clock read after it covers that work."""
     if torch.device(device).type == 'cuda':

@@ -64,17 +64,22 @@ def build_classifier(arch, attn_type, img_size, patch_size, num_classes, device)
 
 
 def build_optim_wrapper(model, device, amp):
-    """``OptimWrapper(AdamW)`` over the trainable parameters; with ``amp`` mmengine's
-    ``AmpOptimWrapper`` (fp16) on CUDA, linvit_mm's ``CPUAmpOptimWrapper`` (bf16) on a CPU."""
+    """``OptimWrapper(AdamW)`` over the trainable parameters; with ``amp`` what
+    ``tools/train.py --amp`` configures: mmengine's ``AmpOptimWrapper`` on CUDA (bf16, or fp16
+    with dynamic loss scaling on a GPU without bf16), linvit_mm's ``CPUAmpOptimWrapper``
+    (bf16) on a CPU."""
     from mmengine.optim import AmpOptimWrapper, OptimWrapper
 
     from linvit_mm.engine import CPUAmpOptimWrapper
+    from linvit_mm.engine.launch import amp_dtype
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=0.05)
     if not amp:
         return OptimWrapper(optimizer)
     if torch.device(device).type == 'cuda':
-        return AmpOptimWrapper(optimizer=optimizer, loss_scale='dynamic')
+        if amp_dtype() == torch.bfloat16:
+            return AmpOptimWrapper(optimizer=optimizer, dtype='bfloat16')
+        return AmpOptimWrapper(optimizer=optimizer, dtype='float16', loss_scale='dynamic')
     return CPUAmpOptimWrapper(optimizer=optimizer)
 
 
