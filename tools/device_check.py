@@ -17,8 +17,8 @@ and the run goes on, within ``--budget-s`` seconds:
    PyTorch form of the same core, at 197 tokens (batch 64) and 4096 tokens (batch 2);
 4. ``modules``: every operator's attention module (qkv, core, proj) forward + backward
    under bf16 autocast, ViT-S and ViT-B widths, 224 px batch 64 and 1024 px batch 2, with
-   the peak memory the forward leaves for the backward; relu, elu and hedgehog fused and
-   unfused;
+   the peak memory the forward leaves for the backward; relu, elu, hedgehog and inline
+   fused and unfused;
 5. ``training``: LinearViT-S training steps (AdamW, bf16 autocast), relu against softmax,
    eager and compiled (``torch.compile``), with the CUDA kernels one step launches;
 6. ``distillation``: the cost of ``AttentionDistillHook`` (frozen Softmax teacher, lambda
@@ -43,6 +43,10 @@ import traceback
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 WHEELS = osp.join(REPO, 'work_dirs', 'device_wheels')
+if REPO not in sys.path:
+    # run as a script, Python puts tools/ on the path, not the checkout it belongs to; the
+    # lent machine has no linvit_mm installed
+    sys.path.insert(0, REPO)
 
 
 def parse_args(argv=None):

@@ -6,7 +6,8 @@
 
 for ``(B, heads, N, d)`` queries and keys and ``(B, heads, N, e)`` values, ``phi`` one of
 ``'relu'``, ``'elu'`` (``elu(x) + 1``) or ``'identity'`` (features computed before). It is the
-core of the relu, elu and hedgehog operators (without RoPE, which rotates the numerator only).
+core of the relu, elu and hedgehog operators (without RoPE, which rotates their numerator
+only) and of InLine (on the features ``[s q, 1]`` and ``[k - k_mean, 1]``).
 
 Two forms of the same computation:
 

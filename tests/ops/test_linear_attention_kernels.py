@@ -191,8 +191,11 @@ def test_the_kernels_are_taken_only_where_they_apply(monkeypatch):
 
 @pytest.mark.parametrize('attn_type, options', [
     ('relu', {}), ('elu', {}), ('hedgehog', {}), ('hedgehog', dict(feature_map='exp',
-                                                                   tie_qk=False))],
-    ids=['relu', 'elu', 'hedgehog', 'hedgehog-exp-untied'])
+                                                                   tie_qk=False)),
+    ('inline', {}), ('inline', dict(rope=dict(type='eva', ref_grid=(7, 9)))),
+    ('inline', dict(residual=True))],
+    ids=['relu', 'elu', 'hedgehog', 'hedgehog-exp-untied', 'inline', 'inline-rope',
+         'inline-residual'])
 def test_the_operators_run_their_core_on_the_kernels(attn_type, options, monkeypatch):
     """The operator's fused path equals its O(N^2) oracle and its PyTorch form, outputs and
     parameter gradients, and really calls the custom op."""

@@ -12,9 +12,9 @@ float32, the tool measures
 
 On a GPU, ``--device cuda --amp --batch-size 64`` times what training there runs: bf16
 autocast at a training batch, the Softmax reference on FlashAttention only (SDPA restricted to
-its flash kernel: the run fails rather than time a slower kernel), relu / elu / hedgehog on
-their fused kernels. ``--amp`` and ``--batch-size`` are GPU options. ``--compile`` times
-every model through ``torch.compile`` (inductor; compiled in the warm-up). Each row also
+its flash kernel: the run fails rather than time a slower kernel), relu / elu / hedgehog /
+inline on their fused kernels. ``--amp`` and ``--batch-size`` are GPU options. ``--compile``
+times every model through ``torch.compile`` (inductor; compiled in the warm-up). Each row also
 counts what one training step launches: CUDA kernels on a GPU (``torch.profiler``), ATen
 operator calls on a CPU.
 

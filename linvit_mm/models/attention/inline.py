@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...ops.depthwise import depthwise3x3_tokens
+from ...ops.linear_attention import MAX_HEAD_DIMS, fused_applies, normalised_linear_attention
 from .base import (autocast_disabled, float32_state, naive_heads, naive_merge_heads,
                    naive_precision, naive_rotate, register_attention, state_inputs)
 from .map_attention import LinearMapAttention
@@ -97,6 +98,13 @@ class InLineAttention(LinearMapAttention):
     float32 for fp16 (a sum over N tokens overflows fp16). The result returns to the dtype of
     the projections' output before ``proj``.
 
+    On CUDA the core runs as the fused Triton kernels of :mod:`linvit_mm.ops.linear_attention`
+    (the normalised core with identity features): InLine's row is
+    ``out_i = 1/N sum_j (s q_i^T (k_j - k_mean) + 1) v_j``, that core on the features
+    ``[s q_i, 1]`` and ``[k_j - k_mean, 1]``, whose normaliser is exactly ``N`` (the centred
+    keys sum to zero), so it needs no eps. ``fused=False`` (or ``LINVIT_MM_FUSED=0``) keeps the
+    PyTorch form, the same function.
+
     RoPE: queries and keys are rotated before everything else, as in Softmax attention,
     and the map is formed from the rotated ones (``k_mean`` is the mean of the rotated
     keys). InLine has no feature map whose positivity a rotation could break, and its rows
@@ -117,15 +125,20 @@ class InLineAttention(LinearMapAttention):
 
     Args:
         residual (bool): add the local residual branch (False).
+        fused (bool): use the fused kernels where they apply (CUDA, heads up to 127 wide).
     """
 
-    options = LinearMapAttention.options + ('residual', )
+    options = LinearMapAttention.options + ('residual', 'fused')
+    # the fused kernels compute the same function
+    options_outside_the_function = LinearMapAttention.options_outside_the_function + (
+        'fused', )
 
     def __init__(self, embed_dims, num_heads, qkv_bias=True, attn_drop=0., proj_drop=0.,
-                 rope=None, layer_scale_init_value=0., residual=False):
+                 rope=None, layer_scale_init_value=0., residual=False, fused=True):
         super().__init__(embed_dims, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                          proj_drop=proj_drop, rope=rope,
                          layer_scale_init_value=layer_scale_init_value)
+        self.fused = fused
         self.residual = (nn.Sequential(
             nn.Conv1d(embed_dims, embed_dims, kernel_size=1, groups=num_heads), nn.GELU(),
             nn.Conv1d(embed_dims, 9 * embed_dims, kernel_size=1, groups=num_heads))
@@ -160,7 +173,21 @@ class InLineAttention(LinearMapAttention):
             out = out + self.local_residual(x, v, hw_shape).to(out.dtype)
         return self.project(out)
 
+    def _fused_linear(self, q, k, v, rotation=None):
+        """The core on the fused kernels, from the features ``[s q, 1]`` and
+        ``[k - k_mean, 1]`` of the rotated queries and keys (the class docstring), in the
+        values' dtype."""
+        if rotation is not None:
+            q, k = rotation.rotate(q), rotation.rotate(k)  # in the tables' precision
+        ones = q.new_ones(*q.shape[:-1], 1)
+        query_features = torch.cat([q * self.scale, ones], dim=-1).to(v.dtype)
+        key_features = torch.cat([k - k.mean(dim=-2, keepdim=True), ones], dim=-1).to(v.dtype)
+        return normalised_linear_attention(query_features, key_features, v, 0., 'identity',
+                                           fused=True)
+
     def _linear(self, q, k, v, rotation=None):
+        if self.fused and self.head_dims < MAX_HEAD_DIMS and fused_applies(q, k, v):
+            return self._fused_linear(q, k, v, rotation)
         out_dtype = v.dtype
         num_tokens = q.shape[-2]
         with autocast_disabled(v):
