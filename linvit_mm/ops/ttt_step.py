@@ -82,21 +82,30 @@ def _step_backward(grad_fitted, grad, norm, offset, norm_dim):
 # The PyTorch forms are also the operators' decompositions (``torch_forms``), so they are
 # functional: results are concatenated, never written into slices of a buffer.
 
+def _inner_terms(k, v, w12):
+    """``z = k W`` and the terms ``T`` of the inner gradient ``G = k^T T``. The forward
+    computes them and the backward again: keeping them would hold two ``(N, 2d)`` tensors per
+    head, twice the block's q, k and v, for one product and a few elementwise passes."""
+    z = k @ w12
+    z1, z2 = z.chunk(2, dim=-1)
+    gate_z = torch.sigmoid(z2)
+    vg = v * gate_z
+    a = vg * z2
+    return z, gate_z, torch.cat([a, z1 * (vg + a * (1 - gate_z))], dim=-1)
+
+
 def _forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale, by_taps=False):
     """PyTorch form of ``ttt_inner_forward``: ``[out, *saved]``, the same tensors, laid out
-    alike (contiguous); ``by_taps``: the decomposition."""
+    alike (contiguous); ``by_taps``: the decomposition. What is saved is small (inner weights
+    and their gradients, ``(d, 2d)`` per head): the backward reads q, k and v from qkv and
+    computes the per-token products again."""
     B, N, _ = qkv.shape
     d = w1.shape[-1]
     w12 = torch.cat([w1, w2], dim=-1)
     w3_taps = kernel_taps(w3)
     q, k, v, q3, k3, v3 = _heads(qkv, heads, d)
 
-    z = k @ w12
-    z1, z2 = z.chunk(2, dim=-1)
-    gate_z = torch.sigmoid(z2)  # recomputed by the backward
-    vg = v * gate_z
-    a = vg * z2
-    terms = torch.cat([a, z1 * (vg + a * (1 - gate_z))], dim=-1)
+    _, _, terms = _inner_terms(k, v, w12)
     grad = k.mT @ terms
     w12_fit, norm = _step(w12, grad, N / inner_scale, -2)
     p = q @ w12_fit
@@ -111,17 +120,19 @@ def _forward(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale, by_taps=False
         # extra tokens are 1 x 1 images of their own: only the centre tap reaches them
         out3 = torch.cat([q3[:, :num_extra] * w3_fit[:, None, 4], out3], dim=1)
     out = torch.cat([out, out3.unsqueeze(2)], dim=2).reshape(B, N, (heads + 1) * d)
-    return [out, z, terms, grad, norm, w12_fit, p, grad3, norm3, w3_fit, w12]
+    return [out, grad, norm, w12_fit, grad3, norm3, w3_fit, w12]
 
 
 def _backward(grad_out, saved, qkv, heads, num_extra, H, W, inner_scale, by_taps=False):
     """PyTorch form of ``ttt_inner_backward``: ``[grad_qkv, grad_w1, grad_w2, grad_w3]``;
     ``by_taps``: the decomposition."""
-    z, terms, grad, norm, w12_fit, p, grad3, norm3, w3_fit, w12 = saved
+    grad, norm, w12_fit, grad3, norm3, w3_fit, w12 = saved
     B, N, _ = qkv.shape
     d = w12.shape[-2]
-    gate_z, gate_p = torch.sigmoid(z[..., d:]), torch.sigmoid(p[..., d:])
     q, k, v, q3, k3, v3 = _heads(qkv, heads, d)
+    z, gate_z, terms = _inner_terms(k, v, w12)
+    p = q @ w12_fit
+    gate_p = torch.sigmoid(p[..., d:])
     grad_out = grad_out.reshape(B, N, heads + 1, d)
 
     p1, p2 = p.chunk(2, dim=-1)
@@ -193,11 +204,9 @@ def _forward_shapes(qkv, w1, w2, w3, heads, num_extra, H, W, inner_scale):
     B, N, _ = qkv.shape
     d = w1.shape[-1]
     new = qkv.new_empty
-    tokens_by_features = (B, heads, N, 2 * d)                   # z, terms, p
     inner_weights = (B, heads, d, 2 * d)                        # grad, w12_fit
-    return [new(B, N, (heads + 1) * d), new(tokens_by_features), new(tokens_by_features),
-            new(inner_weights), new(B, heads, 1, 2 * d), new(inner_weights),
-            new(tokens_by_features), new(B, 9, d), new(B, 1, d), new(B, 9, d),
+    return [new(B, N, (heads + 1) * d), new(inner_weights), new(B, heads, 1, 2 * d),
+            new(inner_weights), new(B, 9, d), new(B, 1, d), new(B, 9, d),
             new(1, heads, d, 2 * d)]
 
 

@@ -66,3 +66,19 @@ def test_decomposition_matches_the_operator(dynamic, inner_step_inputs):
     for batch in (2, 3) if dynamic else (2, ):
         x = torch.randn(batch, *qkv.shape[1:])
         assert_rel_close(decomposed.module()(x), Step()(x), 1e-5)
+
+
+def test_the_step_keeps_no_per_token_tensor_but_qkv(inner_step_inputs):
+    """For the backward the step keeps qkv and the inner weights with their gradients
+    (``(d, 2d)`` per head), and computes ``k W``, the gradient terms and ``q W'`` again: one
+    per-token ``(N, 2d)`` tensor per head more would be 4 N d elements per head and image."""
+    from linvit_mm.utils.benchmark.common import saved_activations
+    hw, heads, d, batch = (16, 16), 2, 4, 2
+    qkv, w1, w2, w3 = inner_step_inputs(1, hw, dtype=torch.float32, heads=heads, d=d,
+                                        batch=batch)
+    with saved_activations() as saved:
+        out = ttt_inner_step(qkv, w1, w2, w3, heads, 1, hw, 9**-.5)
+    out.sum().backward()
+    per_token_tensor = batch * heads * qkv.shape[1] * 2 * d * 4
+    leaves = sum(t.nbytes for t in (w1, w2, w3))
+    assert qkv.nbytes <= saved['bytes'] - leaves < qkv.nbytes + per_token_tensor / 4

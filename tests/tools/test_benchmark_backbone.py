@@ -32,7 +32,7 @@ def test_tiny_run_writes_table_csv_and_plot(bench, tmp_path, capsys):
                        '--warmup', '0', '--threads', '1', '--no-memory', '--out-dir',
                        str(tmp_path)])
     printed = capsys.readouterr().out
-    assert '64x64 px, 16 patch tokens' in printed and 'Targets' in printed
+    assert '64x64 px, 16 patch tokens' in printed and 'CPU checks' in printed
     with open(tmp_path / 'benchmark_backbone.csv', newline='') as f:
         reader = csv.DictReader(f)
         records = list(reader)
@@ -44,6 +44,7 @@ def test_tiny_run_writes_table_csv_and_plot(bench, tmp_path, capsys):
         assert float(record['mac_bound']) == pytest.approx(
             backbone.mac_bound(record['operator'], int(record['size']), TINY_ARCH), rel=1e-9)
         assert record['peak_mib'] == ''
+        assert float(record['saved_mib']) > 0 and int(record['launches']) > 0
     softmax = [r for r in records if r['operator'] == 'softmax']
     assert all(float(r['speedup_fwd']) == 1 and float(r['mac_bound']) == 1 for r in softmax)
     assert len(rows) == 2 * len(attention_types())

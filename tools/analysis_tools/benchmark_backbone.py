@@ -15,8 +15,9 @@ autocast at a training batch, the Softmax reference on FlashAttention only (SDPA
 its flash kernel: the run fails rather than time a slower kernel), relu / elu / hedgehog /
 inline on their fused kernels. ``--amp`` and ``--batch-size`` are GPU options. ``--compile``
 times every model through ``torch.compile`` (inductor; compiled in the warm-up). Each row also
-counts what one training step launches: CUDA kernels on a GPU (``torch.profiler``), ATen
-operator calls on a CPU.
+counts what one training step launches (CUDA kernels on a GPU, from ``torch.profiler``; ATen
+operator calls on a CPU) and what its forward saves for the backward (``saved MiB``: every
+distinct storage autograd keeps, the weights left out; the same count on every device).
 
 Repetitions are interleaved: every repetition runs every operator once, in an order
 rotated by one per repetition, so background load on a shared machine hits all
@@ -120,7 +121,7 @@ CSV_COLUMNS = ('size', 'patch_tokens', 'tokens', 'operator', 'fwd_ms', 'train_ms
                'train_pct_of_bound', 'gmacs', 'fwd_cpu_ms', 'train_cpu_ms', 'cpu_speedup_fwd',
                'cpu_speedup_train', 'fwd_samples_ms', 'train_samples_ms', 'repeats',
                'warmup', 'threads', 'background_cores', 'retakes', 'device', 'memory_method',
-               'batch_size', 'precision', 'mode', 'launches')
+               'batch_size', 'precision', 'mode', 'launches', 'saved_mib')
 
 
 def _fmt(value, spec):
@@ -144,12 +145,14 @@ def format_table(rows, size):
     head = (f'{size}x{size} px, {group[0]["patch_tokens"]} patch tokens, median of '
             f'{group[0].get("repeats", "?")}{load}\n'
             f'{"operator":{width}s} {"fwd ms":>10s} {"train ms":>10s} {"peak MiB":>9s} '
+            f'{"saved MiB":>9s} '
             f'{"x fwd":>7s} {"x train":>7s} {"MAC bound":>9s} {"fwd/bnd":>8s} {"trn/bnd":>8s} '
             f'{"cpu x fwd":>9s} {"cpu x trn":>9s} {"launches":>8s}')
     lines = [head, '-' * len(head.splitlines()[1])]
     for row in group:
         lines.append(f'{row["operator"]:{width}s} {row["fwd_ms"]:10.1f} {row["train_ms"]:10.1f} '
-                     f'{_fmt(row["peak_mib"], "9.1f")} {_fmt(row["speedup_fwd"], "6.2f")}x '
+                     f'{_fmt(row["peak_mib"], "9.1f")} {_fmt(row.get("saved_mib"), "9.1f")} '
+                     f'{_fmt(row["speedup_fwd"], "6.2f")}x '
                      f'{_fmt(row["speedup_train"], "6.2f")}x {_fmt(row["mac_bound"], "8.2f")}x '
                      f'{_fmt(row["fwd_pct_of_bound"], "7.0f")}% '
                      f'{_fmt(row["train_pct_of_bound"], "7.0f")}% '
@@ -162,7 +165,8 @@ def format_table(rows, size):
 def format_targets(results):
     """The checked targets, one per line; those the run could not check, in one line."""
     checked = [result for result in results if result[1] != 'SKIP']
-    lines = ['Targets (CPU, fp32, batch 1, ViT-S):']
+    lines = ['CPU checks (fp32, batch 1, ViT-S; informational, the speed targets are GPU '
+             'figures):']
     lines += [f'  {verdict:5s}  {name}: {detail}' for name, verdict, detail in checked]
     skipped = len(results) - len(checked)
     if skipped:

@@ -8,7 +8,8 @@ import torch
 
 from linvit_mm.models.attention.mhla import OFFICIAL_IMAGENET
 
-from .common import Stopwatch, kernel_launches, quiet_mmengine_logs, rotated, scalar_loss
+from .common import (Stopwatch, kernel_launches, quiet_mmengine_logs, rotated,
+                     saved_activations, scalar_loss)
 from .load import BackgroundLoad, wait_for_quiet
 from .memory import PROBE_GRID, cuda_step_peak_mib, rss_step_peak, run_probe
 from .targets import REFERENCE
@@ -115,6 +116,16 @@ def cpu_train_peak_mib(attn_type, arch, size, threads):
                      attn_type=attn_type, arch=arch, size=size, threads=threads)['peak_mib']
 
 
+def train_saved_mib(model, images, module):
+    """MiB autograd saves for the backward in a training step's forward (``module``'s
+    parameters left out): the activations a step keeps, the same count on every device."""
+    model.train()
+    with saved_activations([module]) as saved:
+        out = scalar_loss(model(images))
+    del out
+    return saved['bytes'] / 2**20
+
+
 def train_step_launches(model, images):
     """Kernels (CUDA) or ATen calls (CPU) of one training step: :func:`.common.kernel_launches`."""
     model.train()
@@ -183,6 +194,7 @@ def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
     background_cores = busy_core_s / timed_s if timed_s else None
     with step_precision(device, amp):
         launches = {op: train_step_launches(models[op], images) for op in operators}
+        saved = {op: train_saved_mib(models[op], images, modules[op]) for op in operators}
         if device.type == 'cuda':
             cuda_peak = {op: cuda_train_peak_mib(models[op], images) for op in operators}
     hw_shape = patch_grid(modules[operators[0]], size)
@@ -194,7 +206,8 @@ def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
                          operator=op, block_operators=modules[op].attn_types,
                          batch_size=batch_size, precision='bf16 autocast' if amp else 'fp32',
                          mode='compiled' if compile else 'eager',
-                         launches=launches[op], peak_mib=cuda_peak.get(op), macs=macs,
+                         launches=launches[op], saved_mib=saved[op],
+                         peak_mib=cuda_peak.get(op), macs=macs,
                          fwd_samples_ms=samples[op, 'fwd_ms'],
                          train_samples_ms=samples[op, 'train_ms'],
                          background_cores=background_cores, retakes=retakes[op],

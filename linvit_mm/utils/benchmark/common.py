@@ -49,6 +49,28 @@ def rotated(items, shift):
     return list(items[shift:]) + list(items[:shift])
 
 
+@contextmanager
+def saved_activations(modules=()):
+    """Counts the bytes autograd saves for the backward inside the block: yields a dict whose
+    ``'bytes'`` holds, once the block ends, the size of every distinct storage saved (a
+    tensor saved twice, or two views of one buffer, count once), the parameters of
+    ``modules`` left out (they are the model's, not activations). Device-agnostic: the same
+    count on a CPU and a GPU for the same computation."""
+    weights = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            storages[(storage.data_ptr(), tensor.device)] = storage.nbytes()
+        return tensor
+
+    result = {}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield result
+    result['bytes'] = sum(storages.values())
+
+
 def kernel_launches(fn, device):
     """How many device kernels one call of ``fn`` launches on CUDA (``torch.profiler``'s
     kernel events); on a CPU, how many ATen operators it calls, the closest count there.

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from .common import padded, quiet_mmengine_logs, rotated, synchronise
+from .common import padded, quiet_mmengine_logs, rotated, saved_activations, synchronise
 
 NECKS = ('plain', 'adapter')
 WINDOWED = 'softmax-win'
@@ -59,21 +59,11 @@ def time_train_step(model, images, device):
     """Wall time of forward + backward, and the bytes autograd saved for the backward."""
     model.train()
     model.zero_grad(set_to_none=True)
-    storages = {}
-    # the weights autograd keeps are the model's own, not activations
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights:
-            storages[(storage.data_ptr(), tensor.device)] = storage.nbytes()
-        return tensor
-
     if torch.device(device).type == 'cuda':
         torch.cuda.reset_peak_memory_stats(device)
     synchronise(device)
     start = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with saved_activations([model]) as saved:
         outs = model(images)
         loss = sum(out.float().mean() for out in outs)
     loss.backward()
@@ -81,7 +71,7 @@ def time_train_step(model, images, device):
     elapsed = time.perf_counter() - start
     peak = (torch.cuda.max_memory_allocated(device)
             if torch.device(device).type == 'cuda' else None)
-    return elapsed, sum(storages.values()), peak
+    return elapsed, saved['bytes'], peak
 
 
 def benchmark(size, arch, operators, necks, device, repeats, warmup, log=print):

@@ -83,7 +83,7 @@ FAST_HELPERS = [(ttt, 'ttt_inner_step'), (ttt, 'position_code'), (ttt, '_inner_p
                                    'depthwise3x3_tokens', 'correlate3x3_reference',
                                    'depthwise3x3_by_taps', 'correlate3x3_by_taps')] + [
     (ttt_step, name) for name in ('ttt_inner_step', '_forward', '_backward', '_step',
-                                  '_heads', '_conv')]
+                                  '_heads', '_conv', '_inner_terms')]
 
 
 @pytest.mark.parametrize('rope', ['eva', 'dinov3'])
