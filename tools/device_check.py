@@ -17,7 +17,7 @@ and the run goes on, within ``--budget-s`` seconds:
    PyTorch form of the same core, at 197 tokens (batch 64) and 4096 tokens (batch 2);
 4. ``modules``: every operator's attention module (qkv, core, proj) forward + backward
    under bf16 autocast, ViT-S and ViT-B widths, 224 px batch 64 and 1024 px batch 2, with
-   the peak memory the forward leaves for the backward; relu, elu, hedgehog and inline
+   what the forward saves for the backward; relu, elu, hedgehog and inline
    fused and unfused;
 5. ``training``: LinearViT-S training steps (AdamW, bf16 autocast), relu against softmax,
    eager and compiled (``torch.compile``), with the CUDA kernels one step launches;
@@ -109,19 +109,17 @@ def forward_backward(module_or_fn, inputs, autocast_dtype, device):
     return step
 
 
-def saved_memory(module_or_fn, inputs, autocast_dtype, device):
-    """Bytes the forward keeps for the backward (CUDA); None on the CPU."""
+def saved_memory(module, inputs, autocast_dtype, device):
+    """Bytes autograd saves for the backward in the forward (``saved_activations``: distinct
+    storages, the module's weights left out; the same count on every device)."""
     import torch
-    if device.type != 'cuda':
-        return None
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
+
+    from linvit_mm.utils.benchmark.common import saved_activations
     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        out = module_or_fn(*inputs)
-    torch.cuda.synchronize()
-    kept = torch.cuda.memory_allocated() - before
+        with saved_activations([module]) as saved:
+            out = module(*inputs)
     del out
-    return kept
+    return saved['bytes']
 
 
 # ------------------------------------------------------------------ sections
@@ -238,8 +236,8 @@ def modules(device, widths, sizes, autocast_dtype, min_time):
                         row['ms'] = 1e3 * timed(
                             forward_backward(call, (x, ), autocast_dtype, device), device,
                             min_time)
-                        saved = saved_memory(call, (x, ), autocast_dtype, device)
-                        row['saved_mb'] = None if saved is None else saved / 2**20
+                        row['saved_mb'] = saved_memory(
+                            module, (x, (grid, grid)), autocast_dtype, device) / 2**20
                     except Exception as err:  # recorded; the sweep goes on
                         row['error'] = f'{type(err).__name__}: {err}'[:300]
                     group.append(row)

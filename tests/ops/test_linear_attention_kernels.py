@@ -85,6 +85,18 @@ def test_fp32_outputs_and_gradients_match_the_oracle(feature, B, H, N, D):
         assert_matches(fused_grad[:, :, part], oracle_grad[:, :, part], 1e-5)
 
 
+LONG_CASES = [(1, 1, 4096, 128, 'relu'), (1, 1, 16384, 32, 'elu')]
+
+
+@pytest.mark.slow  # interpreted, 4096 and 16384 tokens take a minute or two on 2 cores
+@pytest.mark.parametrize('B, H, N, D, feature', LONG_CASES,
+                         ids=[f'{n}x{d}-{f}' for _, _, n, d, f in LONG_CASES])
+def test_long_sequences_and_the_widest_heads_match_the_oracle(B, H, N, D, feature):
+    """Many chunks of partial sums (4096 and 16384 tokens) and the widest head the kernels
+    take (128), outputs and gradients."""
+    test_fp32_outputs_and_gradients_match_the_oracle(feature, B, H, N, D)
+
+
 def test_the_pytorch_form_is_the_same_function():
     _, (q, k, v) = heads_of_fused_qkv(2, 2, 50, 16, torch.float64)
     for feature in FEATURES:

@@ -26,7 +26,7 @@ def test_the_dry_run_fills_every_section(tmp_path):
     assert core['fused_applies'] and core['fused_ms'] > 0 and core['flash_ms'] > 0
     operators = {row['operator'] for row in sections['modules']['result']}
     assert {'softmax', 'relu', 'relu (pytorch)', 'hedgehog (pytorch)', 'ttt'} <= operators
-    assert all('ms' in row for row in sections['modules']['result'])
+    assert all('ms' in row and row['saved_mb'] > 0 for row in sections['modules']['result'])
     training = sections['training']['result']
     assert {(row['operator'], row['mode']) for row in training} == {
         (op, mode) for op in ('softmax', 'relu') for mode in ('eager', 'compiled')}
