@@ -71,7 +71,9 @@ def test_torch_export_of_a_ttt_backbone(tool, tmp_path, capsys):
     log = capsys.readouterr().out
     assert 'Exporting the backbone (LinearViT, ttt) with --format torch-export, static shape, ' \
         'traced on 1x3x32x32' in log
-    assert 'max |exported - eager| = 0 ' in log
+    # the program convolves tap by tap where eager code calls F.conv2d: float32 rounding apart
+    error = re.search(r'max \|exported - eager\| = (\S+) ', log)
+    assert error and float(error.group(1)) < 1e-5, log
     program = torch.export.load(out)
     assert any(str(node.target) == 'linvit_mm.ttt_inner_forward.default'
                for module in program.graph_module.modules()
