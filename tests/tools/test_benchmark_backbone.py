@@ -180,3 +180,16 @@ def test_compiled_models_are_timed_and_each_step_counts_its_launches():
     for plain, fused in zip(eager, compiled):
         assert fused['train_ms'] > 0 and fused['macs'] == plain['macs']
         assert 0 < fused['launches'] < plain['launches'] / 4, (plain, fused)
+
+
+@pytest.mark.parametrize('operator', ['relu', 'elu', 'hedgehog', 'inline'])
+def test_the_pytorch_form_of_a_fused_operator_is_measured_by_name(bench, operator):
+    """``<op>-pytorch`` builds the operator with ``fused=False``, beside the default, so a GPU
+    run times the fused kernels against the PyTorch form in one table."""
+    fused = backbone.build_backbone(operator, TINY_ARCH, 32).layers[0].attn
+    plain = backbone.build_backbone(f'{operator}-pytorch', TINY_ARCH, 32).layers[0].attn
+    assert fused.attn_type == plain.attn_type == operator
+    assert fused.fused and not plain.fused
+    assert bench.parse_args(['--operators', 'softmax', operator, f'{operator}-pytorch',
+                             '--no-memory']).operators == ['softmax', operator,
+                                                           f'{operator}-pytorch']

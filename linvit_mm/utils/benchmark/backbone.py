@@ -24,6 +24,9 @@ OPERATOR_VARIANTS = {
                                                        feature_init='kaiming_uniform'))),
     # InLine-DeiT's local residual branch, off in the paper's form
     'inline-residual': ('inline', dict(attn_cfg=dict(residual=True))),
+    # the PyTorch form of an operator whose core runs on the fused kernels on CUDA
+    **{f'{op}-pytorch': (op, dict(attn_cfg=dict(fused=False)))
+       for op in ('relu', 'elu', 'hedgehog', 'inline')},
 }
 
 
