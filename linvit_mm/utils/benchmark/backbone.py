@@ -90,13 +90,20 @@ def step_precision(device, amp):
         yield
 
 
-def cuda_train_peak_mib(model, images):
-    """A training step's peak allocated CUDA memory over what was allocated before it."""
+def measure_train_step(model, images, measure):
+    """``measure(step)`` of a training step (``train()`` mode, forward and backward of
+    :func:`scalar_loss`), the gradients cleared before and after."""
     model.train()
     model.zero_grad(set_to_none=True)
-    peak = cuda_step_peak_mib(lambda: scalar_loss(model(images)).backward(), images.device)
+    result = measure(lambda: scalar_loss(model(images)).backward())
     model.zero_grad(set_to_none=True)
-    return peak
+    return result
+
+
+def cuda_train_peak_mib(model, images):
+    """A training step's peak allocated CUDA memory over what was allocated before it."""
+    return measure_train_step(model, images,
+                              lambda step: cuda_step_peak_mib(step, images.device))
 
 
 def probe_train_peak(attn_type, arch, size, threads):
@@ -131,11 +138,7 @@ def train_saved_mib(model, images, module):
 
 def train_step_launches(model, images):
     """Kernels (CUDA) or ATen calls (CPU) of one training step: :func:`.common.kernel_launches`."""
-    model.train()
-    model.zero_grad(set_to_none=True)
-    launches = kernel_launches(lambda: scalar_loss(model(images)).backward(), images.device)
-    model.zero_grad(set_to_none=True)
-    return launches
+    return measure_train_step(model, images, lambda step: kernel_launches(step, images.device))
 
 
 def benchmark_size(size, operators, arch, device, repeats, warmup, log=print,
