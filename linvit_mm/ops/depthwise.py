@@ -72,8 +72,8 @@ def _shifted(tokens, hw_shape):
 def depthwise3x3_by_taps(tokens, weight, hw_shape):
     """:func:`depthwise3x3_reference` as ``sum_t tokens[p + s_t] w[t]``."""
     B, N, C = tokens.shape
-    out = sum(view * weight[:, t, None, None] for t, view in enumerate(_shifted(tokens,
-                                                                              hw_shape)))
+    views = _shifted(tokens, hw_shape)
+    out = sum(view * weight[:, t, None, None] for t, view in enumerate(views))
     return out.reshape(B, N, C)
 
 
