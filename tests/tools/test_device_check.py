@@ -35,7 +35,9 @@ def test_the_dry_run_fills_every_section(tmp_path):
     launches = {(row['operator'], row['mode']): row['launches'] for row in training}
     assert launches['relu', 'compiled'] < launches['relu', 'eager']
     (distill, ) = sections['distillation']['result']
-    assert distill['with_ms'] > distill['without_ms'] > 0 and distill['teacher_ms'] > 0
+    # values, not their order: at toy sizes under the interpreter the timings are noise
+    assert min(distill['with_ms'], distill['without_ms'], distill['teacher_ms']) > 0
+    assert 0 < distill['teacher_fraction'] < 1
     backbone = sections['backbone']['result']
     assert {row['operator'] for row in backbone} >= {'softmax', 'relu'}
     assert all(row['launches'] > 0 for row in backbone)
