@@ -57,6 +57,14 @@ def heads_of_fused_qkv(B, H, N, D, dtype, seed=0, positive=False, edit=None):
     return qkv, qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
 
+def upstream_gradient(out, seed=1):
+    """A fixed draw of the gradient reaching ``out``: the comparisons are reproducible. (At
+    one token the query gradient is pure cancellation, about 1e-8 against float32 rounding
+    of 1e-6; an unseeded draw crossed the 1e-6 floor below for 3 draws in 120.)"""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(out.shape, generator=generator).to(device=out.device, dtype=out.dtype)
+
+
 def assert_matches(result, expected, rtol):
     """Relative to the largest expected magnitude, with a floor for gradients that cancel to
     nearly nothing (one token: the output is its value whatever q and k)."""
@@ -78,7 +86,7 @@ def test_fp32_outputs_and_gradients_match_the_oracle(feature, B, H, N, D):
     out = normalised_linear_attention(q, k, v, 1e-6, feature)
     expected = oracle(q, k, v, 1e-6, feature)
     assert_matches(out, expected, 1e-5)
-    grad = torch.randn_like(out)
+    grad = upstream_gradient(out)
     (fused_grad, ) = torch.autograd.grad(out, qkv, grad)
     (oracle_grad, ) = torch.autograd.grad(expected, qkv, grad.double())
     for part in range(3):  # q, k and v separately: each has its own scale
@@ -115,7 +123,7 @@ def test_half_precision_inputs_keep_float32_accumulation(dtype):
     expected = oracle(q, k, v, 1e-6, 'relu')
     bound = 2e-3 if dtype == torch.float16 else 1.6e-2
     assert_matches(out, expected, bound)
-    grad = torch.randn_like(out)
+    grad = upstream_gradient(out)
     (fused_grad, ) = torch.autograd.grad(out, qkv, grad)
     (oracle_grad, ) = torch.autograd.grad(expected, qkv, grad.double())
     for part in range(3):
