@@ -249,10 +249,10 @@ def modules(device, widths, sizes, autocast_dtype, min_time):
     return rows
 
 
-def tiny_arch(device):
+def checked_arch(device):
     """ViT-S on a GPU; a two-block toy for the CPU dry run."""
-    return 'small' if device.type == 'cuda' else dict(embed_dims=32, num_layers=2, num_heads=2,
-                                                      feedforward_channels=64)
+    return 'small' if device.type == 'cuda' else dict(embed_dims=32, num_layers=2,
+                                                      num_heads=2, feedforward_channels=64)
 
 
 def training(device, img_size, batch, autocast_dtype, operators=('softmax', 'relu'),
@@ -267,8 +267,8 @@ def training(device, img_size, batch, autocast_dtype, operators=('softmax', 'rel
     for mode in modes:
         for attn_type in operators:
             torch.manual_seed(0)
-            model = LinearViT(arch=tiny_arch(device), attn_type=attn_type, img_size=img_size,
-                              out_type='avg_featmap').to(device)
+            model = LinearViT(arch=checked_arch(device), attn_type=attn_type,
+                              img_size=img_size, out_type='avg_featmap').to(device)
             run = torch.compile(model) if mode == 'compiled' else model
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             images = torch.randn(batch, 3, img_size, img_size, device=device)
@@ -302,8 +302,9 @@ def distillation(device, img_size, batch, amp, iters, warmup):
     import types
 
     from linvit_mm.utils.benchmark.distill import benchmark
-    options = types.SimpleNamespace(arch=tiny_arch(device), attn_type='relu', batch_size=batch,
-                                    img_size=img_size, patch_size=16, num_classes=10,
+    options = types.SimpleNamespace(arch=checked_arch(device), attn_type='relu',
+                                    batch_size=batch, img_size=img_size, patch_size=16,
+                                    num_classes=10,
                                     device=str(device), amp=amp, loss_weight=50.,
                                     iters=iters, warmup=warmup)
     result = benchmark(options, log=lambda message: None)
@@ -336,8 +337,8 @@ def backbone(out_dir, dry_run):
                              [*argv, '--no-memory', '--out-dir', out]):
             rows.append({key: row.get(key) for key in (
                 'size', 'tokens', 'operator', 'batch_size', 'precision', 'fwd_ms', 'train_ms',
-                'peak_mib', 'launches', 'speedup_fwd', 'speedup_train', 'mac_bound',
-                'train_pct_of_bound')})
+                'peak_mib', 'saved_mib', 'launches', 'speedup_fwd', 'speedup_train',
+                'mac_bound', 'train_pct_of_bound')})
     return rows
 
 

@@ -40,7 +40,7 @@ def test_the_dry_run_fills_every_section(tmp_path):
     assert 0 < distill['teacher_fraction'] < 1
     backbone = sections['backbone']['result']
     assert {row['operator'] for row in backbone} >= {'softmax', 'relu'}
-    assert all(row['launches'] > 0 for row in backbone)
+    assert all(row['launches'] > 0 and row['saved_mib'] > 0 for row in backbone)
     table = (tmp_path / 'device_check.md').read_text()
     assert '## core' in table and '| relu (pytorch) |' in table
 
